@@ -1,0 +1,255 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Client acquires locks on a fixed set of independent Redis nodes. It is
+// immutable after New and safe for concurrent use by many goroutines; it
+// starts no goroutine of its own. It does not own the go-redis clients:
+// closing them is the caller's job, after the last call has returned.
+type Client struct {
+	nodes  []node
+	quorum int
+	cfg    config
+	log    *slog.Logger
+}
+
+type node struct {
+	idx  int
+	rdb  redis.UniversalClient
+	addr string
+}
+
+// New returns a Client over nodes, each one independent Redis master (no
+// replication between them; redis.io distlock spec, "The Redlock
+// algorithm"). The quorum is len(nodes)/2+1 of the configured nodes, never of
+// the nodes that happen to answer. One node is the single-instance lock of the
+// redis.io page: correct while that node runs, not fault tolerant.
+//
+// A *redis.ClusterClient or *redis.Ring may stand for one node only if every
+// resource of a multi-resource lock maps to one hash slot (use hash tags):
+// the scripts touch all keys of a lock at once.
+//
+// New errors (matching ErrInvalidArgument) on no nodes, a nil node, the same
+// client or address twice, and options out of range; it performs no I/O.
+func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
+	if len(nodes) == 0 {
+		return nil, invalidf("no nodes")
+	}
+	cfg := config{
+		driftFactor: DefaultDriftFactor,
+		nodeTimeout: DefaultNodeTimeout,
+		minValidity: DefaultMinValidity,
+		retry:       DefaultRetry,
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidf("nil Option")
+		}
+		o.applyClient(&cfg)
+	}
+	switch {
+	case math.IsNaN(cfg.driftFactor) || cfg.driftFactor < 0 || cfg.driftFactor >= 0.5:
+		return nil, invalidf("drift factor %v is outside [0, 0.5)", cfg.driftFactor)
+	case cfg.nodeTimeout <= 0:
+		return nil, invalidf("node timeout %v is not positive", cfg.nodeTimeout)
+	case math.IsNaN(cfg.minValidity) || cfg.minValidity < 0 || cfg.minValidity >= 1:
+		return nil, invalidf("minimum validity %v is outside [0, 1)", cfg.minValidity)
+	case cfg.retry == nil:
+		return nil, invalidf("nil retry policy factory")
+	}
+	log := cfg.logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Client{nodes: make([]node, len(nodes)), quorum: len(nodes)/2 + 1, cfg: cfg, log: log}
+	seen := make(map[string]int, len(nodes))
+	for i, rdb := range nodes {
+		if rdb == nil || (reflect.ValueOf(rdb).Kind() == reflect.Pointer && reflect.ValueOf(rdb).IsNil()) {
+			return nil, invalidf("node %d is nil", i)
+		}
+		id, addr := nodeIdentity(i, rdb)
+		if j, dup := seen[id]; dup {
+			return nil, invalidf("node %d (%s) repeats node %d: nodes must be independent", i, addr, j)
+		}
+		seen[id] = i
+		c.nodes[i] = node{idx: i, rdb: rdb, addr: addr}
+	}
+	return c, nil
+}
+
+// nodeIdentity returns a key that is equal for two entries that reach the
+// same Redis database, and a printable address.
+func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
+	if c, ok := rdb.(*redis.Client); ok {
+		o := c.Options()
+		return fmt.Sprintf("%s/%s/%d", o.Network, o.Addr, o.DB), o.Addr
+	}
+	return fmt.Sprintf("%p", rdb), fmt.Sprintf("node%d", i)
+}
+
+// Quorum returns the number of nodes that must agree: N/2+1.
+func (c *Client) Quorum() int { return c.quorum }
+
+// Nodes returns the number of configured nodes N.
+func (c *Client) Nodes() int { return len(c.nodes) }
+
+// drift returns the clock drift allowance for ttl (redis.io reference
+// implementations: TTL x driftFactor + 2 ms).
+func (c *Client) drift(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl)*c.cfg.driftFactor) + driftConstant
+}
+
+// checkTTL rejects TTLs that cannot be sent in milliseconds or can never
+// leave enough validity.
+func (c *Client) checkTTL(ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return invalidf("TTL %v is below 1ms (TTLs are sent in whole milliseconds)", ttl)
+	}
+	if ttl-c.drift(ttl) <= time.Duration(float64(ttl)*c.cfg.minValidity) {
+		return invalidf("TTL %v is too short: the clock drift allowance %v leaves less than the minimum validity (%v of the TTL)",
+			ttl, c.drift(ttl), c.cfg.minValidity)
+	}
+	return nil
+}
+
+// nodeCall runs one script on one node; ok reports OutcomeOK versus
+// OutcomeHeld when err is nil.
+type nodeCall func(ctx context.Context, n *node) (ok bool, err error)
+
+// roundState collects the answers of one quorum round. Answers that arrive
+// after the round was decided are "late" and go to the late callback.
+type roundState struct {
+	mu      sync.Mutex
+	closed  bool
+	results []NodeResult
+	ok, bad int
+	decided chan struct{}
+}
+
+// roundSpec describes one quorum round.
+type roundSpec struct {
+	call  nodeCall
+	early bool                              // decide as soon as the outcome is known
+	late  func(n *node, ok bool, err error) // optional: an answer after the decision
+	done  func()                            // optional: after each node's call and late handling
+}
+
+// round sends call to every node in parallel and waits until every node has
+// answered, the per-node timeout has passed, ctx ends, or (with early) the
+// outcome is known: quorum OK answers, or so many failures that quorum is
+// impossible. Nodes with no answer by then count as OutcomeTimeout, or
+// OutcomePending when the round was decided early. The results are in node
+// order.
+func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
+	n := len(c.nodes)
+	rs := &roundState{results: make([]NodeResult, n), decided: make(chan struct{})}
+	for i := range rs.results {
+		rs.results[i] = NodeResult{Node: i, Addr: c.nodes[i].addr, Outcome: -1}
+	}
+	start := time.Now()
+	for i := range c.nodes {
+		nd := &c.nodes[i]
+		go func() {
+			if spec.done != nil {
+				defer spec.done()
+			}
+			cctx, cancel := context.WithTimeout(ctx, c.cfg.nodeTimeout)
+			ok, err := spec.call(cctx, nd)
+			cancel()
+			r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(start)}
+			switch {
+			case err != nil && isTimeout(err):
+				r.Outcome = OutcomeTimeout
+			case err != nil:
+				r.Outcome = OutcomeError
+			case !ok:
+				r.Outcome = OutcomeHeld
+			}
+			rs.mu.Lock()
+			if rs.closed {
+				rs.mu.Unlock()
+				if spec.late != nil {
+					spec.late(nd, ok, err)
+				}
+				return
+			}
+			rs.results[nd.idx] = r
+			if r.Outcome == OutcomeOK {
+				rs.ok++
+			} else {
+				rs.bad++
+			}
+			if rs.ok+rs.bad == n || (spec.early && (rs.ok >= c.quorum || rs.bad > n-c.quorum)) {
+				rs.closed = true
+				close(rs.decided)
+			}
+			rs.mu.Unlock()
+		}()
+	}
+	timer := time.NewTimer(c.cfg.nodeTimeout)
+	defer timer.Stop()
+	var cause error
+	missing := OutcomeTimeout
+	select {
+	case <-rs.decided:
+		missing = OutcomePending
+	case <-timer.C:
+		cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
+	case <-ctx.Done():
+		cause = context.Cause(ctx)
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.closed = true
+	out := make([]NodeResult, n)
+	for i, r := range rs.results {
+		if r.Outcome < 0 {
+			r.Outcome, r.Err, r.Latency = missing, cause, time.Since(start)
+		}
+		out[i] = r
+	}
+	return out
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// count returns the number of results with outcome o.
+func count(rs []NodeResult, o Outcome) int {
+	n := 0
+	for _, r := range rs {
+		if r.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// quorumError builds the error for a round that failed. held is true when
+// OutcomeHeld answers alone make a quorum impossible; unavailable when
+// failures (errors and timeouts) do.
+func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sentinels ...error) *QuorumError {
+	n := len(rs)
+	failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout)
+	if failed > n-c.quorum {
+		sentinels = append(sentinels, ErrUnavailable)
+	}
+	return &QuorumError{Op: op, Resources: resources, Quorum: c.quorum, Nodes: rs, sentinels: sentinels}
+}

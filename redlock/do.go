@@ -1,0 +1,132 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Do acquires the lock as Acquire does, runs fn while the lock is held, and
+// releases the lock when fn returns. fn's ctx carries the Lock
+// (FromContext). Do releases the lock (also when fn panics), on a context
+// detached from ctx's cancellation.
+//
+// While fn runs, Do extends the lock by ttl each time a third of ttl has
+// passed since the last successful extension, retrying every ttl/10 while
+// nodes fail. If the lock is lost (too many nodes no longer hold it, or no
+// extension succeeded in time), fn's ctx is cancelled with a cause matching
+// ErrLockLost no later than Until() - ttl/10, whether or not an Extend call is
+// still waiting for nodes; no extension is tried after that point, so a lost
+// lock is never revived. fn's ctx is also cancelled when ctx ends.
+//
+// Do returns fn's error joined with ErrLockLost when the lock was lost while
+// fn ran, or with the release error. It returns an acquisition error
+// (ErrNotAcquired, see Acquire) without calling fn. Every goroutine Do starts
+// has ended when Do returns, apart from node calls abandoned at their
+// per-node timeout (see WithNodeTimeout).
+func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
+	if fn == nil {
+		return invalidf("nil fn")
+	}
+	l, err := c.Acquire(ctx, resources, ttl, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- l.keepAlive(fctx, stop, cancel) }()
+
+	defer func() {
+		close(stop)
+		lost := <-done
+		cancel(nil)
+		if lost != nil {
+			err = errors.Join(err, lost)
+			_ = l.Release(ctx) // clean up whatever is left; the loss is the error
+			return
+		}
+		if rerr := l.Release(ctx); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("redlock: release after Do: %w", rerr))
+		}
+	}()
+	return fn(fctx)
+}
+
+type lockKey struct{}
+
+// FromContext returns the Lock that Do holds for the ctx it passed to fn (or
+// a context derived from it), e.g. to read Until or pass the lock on; ok is
+// false for any other context. Do releases the lock itself: do not call
+// Release on it.
+func FromContext(ctx context.Context) (l *Lock, ok bool) {
+	l, ok = ctx.Value(lockKey{}).(*Lock)
+	return l, ok
+}
+
+// keepAlive extends l until stop is closed, and cancels fn's ctx through
+// cancel when the lock is lost. It returns the loss, or nil.
+func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel context.CancelCauseFunc) error {
+	ttl := l.TTL()
+	margin := ttl / 10
+	retry := max(ttl/10, time.Millisecond)
+	next := l.Until().Add(-2 * ttl / 3)
+	for {
+		deadline := l.Until().Add(-margin)
+		if next.After(deadline) {
+			next = deadline
+		}
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-stop:
+			t.Stop()
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		if !time.Now().Before(deadline) {
+			return l.lose(cancel, fmt.Errorf("%w: %q: no extension reached a quorum before %v", ErrLockLost, l.resources, deadline))
+		}
+		// Extend in its own goroutine so that the deadline holds even while
+		// nodes hang: the round itself is bounded by the node timeout.
+		res := make(chan error, 1)
+		go func() { res <- l.Extend(context.WithoutCancel(ctx), ttl) }()
+		dt := time.NewTimer(time.Until(deadline))
+		select {
+		case err := <-res:
+			dt.Stop()
+			switch {
+			case err == nil:
+				next = l.Until().Add(-2 * ttl / 3)
+			case errors.Is(err, ErrLockLost):
+				return l.lose(cancel, err)
+			default:
+				l.c.log.Debug("redlock: extension failed; retrying", "resources", l.resources, "err", err)
+				next = time.Now().Add(retry)
+			}
+		case <-dt.C:
+			err := l.lose(cancel, fmt.Errorf("%w: %q: extension did not finish before %v", ErrLockLost, l.resources, deadline))
+			<-res
+			return err
+		case <-stop:
+			dt.Stop()
+			<-res
+			return nil
+		}
+	}
+}
+
+// lose marks l lost, cancels fn's ctx with err and logs it.
+func (l *Lock) lose(cancel context.CancelCauseFunc, err error) error {
+	l.mu.Lock()
+	if l.state == stateHeld {
+		l.state = stateLost
+	}
+	l.mu.Unlock()
+	cancel(err)
+	l.c.log.Warn("redlock: lock lost while work was running", "resources", l.resources, "err", err)
+	return err
+}

@@ -1,0 +1,409 @@
+package redlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Lock is a lock held on a quorum of nodes, as returned by Acquire and
+// TryAcquire. Its methods are safe for concurrent use. The lock value (a
+// random 128-bit owner token) is never exposed or logged.
+type Lock struct {
+	c         *Client
+	resources []string
+	keys      []string
+	value     string
+
+	mu       sync.Mutex
+	state    lockState
+	ttl      time.Duration
+	until    time.Time
+	inflight int           // acquire calls not yet finished (see waitIdle)
+	idle     chan struct{} // closed when inflight drops to 0
+}
+
+type lockState int
+
+const (
+	statePending  lockState = iota // acquisition in progress
+	stateHeld                      // acquired, validity per until
+	stateLost                      // known lost; keys may remain until Release
+	stateReleased                  // released, or the acquisition failed for good
+)
+
+// Resources returns a copy of the lock's resource names, in the order given
+// to Acquire.
+func (l *Lock) Resources() []string {
+	if l == nil {
+		return nil
+	}
+	return slices.Clone(l.resources)
+}
+
+// Until returns the local validity deadline: the start of the last
+// successful acquire or extend round + TTL - drift, on this process's
+// monotonic clock (redis.io distlock spec, step 3). Work guarded by the lock
+// must end before it. Zero for a nil Lock.
+func (l *Lock) Until() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.until
+}
+
+// TTL returns the TTL of the last successful acquire or extend.
+func (l *Lock) TTL() time.Duration {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ttl
+}
+
+// newLock validates resources and ttl and prepares an acquisition with a new
+// random value.
+func (c *Client) newLock(resources []string, ttl time.Duration) (*Lock, error) {
+	if err := c.checkTTL(ttl); err != nil {
+		return nil, err
+	}
+	if len(resources) == 0 {
+		return nil, invalidf("empty resource list")
+	}
+	keys := make([]string, len(resources))
+	for i, r := range resources {
+		if r == "" {
+			return nil, invalidf("resource %d is empty", i)
+		}
+		if j := slices.Index(resources[:i], r); j >= 0 {
+			return nil, invalidf("resource %q appears twice (at %d and %d)", r, j, i)
+		}
+		keys[i] = c.cfg.keyPrefix + r
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, value: hex.EncodeToString(b[:]), ttl: ttl}, nil
+}
+
+func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
+	a := acquireConfig{retry: c.cfg.retry}
+	for _, o := range opts {
+		if o == nil {
+			return a, invalidf("nil AcquireOption")
+		}
+		o.applyAcquire(&a)
+	}
+	if a.retry == nil {
+		return a, invalidf("nil retry policy factory")
+	}
+	return a, nil
+}
+
+// Acquire takes a lock on all resources at once (all or nothing on each
+// node), retrying quorum rounds with the retry policy (WithRetry; default
+// DefaultRetry: jittered exponential backoff, at most 30 s) until it holds
+// the lock, ctx ends, or the policy gives up. Each round sends one script to
+// every node in parallel, with the per-node timeout enforced here; the lock
+// is held when a quorum granted and the validity left (TTL - elapsed - drift,
+// measured from this round's own start) is at least the minimum. A failed
+// round is undone on every node, including those that did not answer.
+// ttl is rounded down to whole milliseconds.
+//
+// Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
+// matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
+// ErrUnavailable when too many nodes failed, and ctx's cause when ctx ended.
+// Safe for concurrent use. (redis.io distlock spec, steps 1-5.)
+func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (*Lock, error) {
+	a, err := c.acquireConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	l, err := c.newLock(resources, ttl)
+	if err != nil {
+		return nil, err
+	}
+	policy := a.retry()
+	policy.Reset()
+	var last *QuorumError
+	for attempt := 1; ; attempt++ {
+		if ctx.Err() != nil {
+			return nil, l.fail(ctx, attempt-1, last)
+		}
+		last = c.attempt(ctx, l)
+		if last == nil {
+			return l, nil
+		}
+		d := policy.NextBackOff()
+		if d == backoff.Stop {
+			l.abandon()
+			return nil, fmt.Errorf("redlock: retry policy gave up after %d attempts: %w", attempt, last)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, l.fail(ctx, attempt, last)
+		}
+	}
+}
+
+// TryAcquire is Acquire with exactly one quorum round and no retry. On
+// failure it returns a *QuorumError (matching ErrNotAcquired, and
+// ErrUnavailable when too many nodes failed), or, when ctx had ended, an
+// error matching ErrNotAcquired and ctx's cause.
+func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (*Lock, error) {
+	if _, err := c.acquireConfig(opts); err != nil {
+		return nil, err
+	}
+	l, err := c.newLock(resources, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, l.fail(ctx, 0, nil)
+	}
+	if qerr := c.attempt(ctx, l); qerr != nil {
+		if ctx.Err() != nil {
+			return nil, l.fail(ctx, 1, qerr)
+		}
+		l.abandon()
+		return nil, qerr
+	}
+	return l, nil
+}
+
+// fail marks the acquisition abandoned and returns the error for an
+// acquisition ended by ctx.
+func (l *Lock) fail(ctx context.Context, attempts int, last *QuorumError) error {
+	l.abandon()
+	if last == nil {
+		return fmt.Errorf("%w after %d attempts: %w", ErrNotAcquired, attempts, context.Cause(ctx))
+	}
+	return fmt.Errorf("%w after %d attempts: %w (last round: %w)", ErrNotAcquired, attempts, context.Cause(ctx), last)
+}
+
+// abandon marks a failed acquisition, so that grants arriving late are
+// deleted by the goroutine that receives them. attempt already cleaned up
+// every node it reached.
+func (l *Lock) abandon() {
+	l.mu.Lock()
+	l.state = stateReleased
+	l.mu.Unlock()
+}
+
+// attempt runs one acquire round for l and returns nil when l is now held.
+func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
+	ttl := l.ttl
+	l.mu.Lock()
+	if l.inflight == 0 {
+		l.idle = make(chan struct{})
+	}
+	l.inflight += len(c.nodes)
+	l.mu.Unlock()
+	start := time.Now()
+	rs := c.round(ctx, roundSpec{
+		call: func(ctx context.Context, n *node) (bool, error) {
+			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds()).Int()
+			return v == 1, err
+		},
+		early: true,
+		late:  l.lateGrant,
+		done:  l.callDone,
+	})
+	validity := ttl - time.Since(start) - c.drift(ttl)
+	ok := count(rs, OutcomeOK)
+	if ok >= c.quorum && validity >= time.Duration(float64(ttl)*c.cfg.minValidity) && validity > 0 {
+		l.mu.Lock()
+		l.state = stateHeld
+		l.until = start.Add(ttl - c.drift(ttl))
+		l.mu.Unlock()
+		return nil
+	}
+	qerr := c.quorumError("acquire", l.resources, rs, ErrNotAcquired)
+	if ok >= c.quorum {
+		qerr.Validity = validity
+	}
+	// Undo the attempt everywhere, also where the answer was missing or
+	// an error: the script may have run there (redis.io distlock spec,
+	// step 5). Detached from ctx, so a cancelled caller still cleans up.
+	c.releaseAll(context.WithoutCancel(ctx), l)
+	return qerr
+}
+
+// lateGrant handles an acquire answer that arrived after its round was
+// decided: a grant for an acquisition that has ended (failed or released)
+// is deleted at once; a grant for a pending or held lock belongs to it and
+// is deleted by the next failed round or Release.
+func (l *Lock) lateGrant(n *node, ok bool, err error) {
+	if err != nil || !ok {
+		return
+	}
+	l.mu.Lock()
+	ended := l.state == stateReleased
+	l.mu.Unlock()
+	if !ended {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
+	defer cancel()
+	if err := releaseScript.Run(ctx, n.rdb, l.keys, l.value).Err(); err != nil {
+		l.c.log.Warn("redlock: cleanup of a late grant failed; the key expires with its TTL",
+			"resources", l.resources, "node", n.addr, "err", err)
+	}
+}
+
+// waitAcquireCalls waits, up to the node timeout, until no acquire call of
+// l is on its way (a round decided early leaves the slower nodes' calls
+// running), so that an Extend or release that follows is not overtaken by
+// a grant on the same node.
+func (l *Lock) waitAcquireCalls() {
+	l.mu.Lock()
+	idle, busy := l.idle, l.inflight > 0
+	l.mu.Unlock()
+	if !busy {
+		return
+	}
+	t := time.NewTimer(l.c.cfg.nodeTimeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+	}
+}
+
+// callDone counts down one finished acquire call.
+func (l *Lock) callDone() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.inflight--; l.inflight == 0 {
+		close(l.idle)
+	}
+}
+
+// releaseAll runs the release script on every node and waits for every
+// answer up to the node timeout, after waitAcquireCalls, so that a grant
+// landing just after the release cannot survive it on a node that answers.
+func (c *Client) releaseAll(ctx context.Context, l *Lock) []NodeResult {
+	l.waitAcquireCalls()
+	return c.round(ctx, roundSpec{call: func(ctx context.Context, n *node) (bool, error) {
+		v, err := releaseScript.Run(ctx, n.rdb, l.keys, l.value).Int()
+		return v == len(l.keys), err
+	}})
+}
+
+// Extend sets the TTL of every key of the lock to ttl on the nodes where all
+// of them still hold this lock's value (owner-checked in one script per
+// node), and on success moves Until to this round's start + ttl - drift. It
+// never creates a key and is never attempted after Until has passed.
+//
+// Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrLockLost when
+// Until has passed, the lock was released, or too many nodes no longer hold
+// it; a *QuorumError matching ErrUnavailable when too many nodes failed: the
+// lock then stays valid until its unchanged Until (a node's failure never
+// releases the lock elsewhere). Bounded by the node timeout; ctx can end it
+// sooner.
+func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return invalidf("Extend on a nil *Lock")
+	}
+	c := l.c
+	if err := c.checkTTL(ttl); err != nil {
+		return err
+	}
+	if err := l.checkHeld(); err != nil {
+		return err
+	}
+	l.waitAcquireCalls()
+	start := time.Now()
+	rs := c.round(ctx, roundSpec{
+		call: func(ctx context.Context, n *node) (bool, error) {
+			v, err := extendScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds()).Int()
+			return v == 1, err
+		},
+		early: true,
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != stateHeld {
+		return fmt.Errorf("%w: %q released during Extend", ErrLockLost, l.resources)
+	}
+	if count(rs, OutcomeOK) >= c.quorum {
+		until := start.Add(ttl - c.drift(ttl))
+		if !time.Now().Before(until) {
+			l.state = stateLost
+			return fmt.Errorf("%w: %q extended too slowly (validity ended at %v)", ErrLockLost, l.resources, until)
+		}
+		l.until, l.ttl = until, ttl
+		return nil
+	}
+	if count(rs, OutcomeHeld) > len(rs)-c.quorum {
+		l.state = stateLost
+		return c.quorumError("extend", l.resources, rs, ErrLockLost)
+	}
+	return c.quorumError("extend", l.resources, rs)
+}
+
+// checkHeld returns ErrLockLost unless l is held and within its validity.
+func (l *Lock) checkHeld() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case stateReleased:
+		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
+	case stateLost:
+		return fmt.Errorf("%w: %q", ErrLockLost, l.resources)
+	}
+	if !time.Now().Before(l.until) {
+		l.state = stateLost
+		return fmt.Errorf("%w: %q validity ended at %v", ErrLockLost, l.resources, l.until)
+	}
+	return nil
+}
+
+// Release deletes the lock's keys on every node where they still hold this
+// lock's value (compare-and-delete in one script per node), waiting for
+// every node up to the node timeout. It runs on a context detached from
+// ctx's cancellation, so it cleans up even when ctx is already cancelled.
+//
+// It returns nil when a quorum confirmed the deletion within the validity.
+// Errors: ErrInvalidArgument for a nil Lock; ErrLockLost when the lock was
+// already released, its validity had ended, or too many nodes no longer held
+// it (its keys are deleted anyway); a *QuorumError matching ErrUnavailable
+// when too many nodes failed (their keys expire with the TTL). Calling
+// Release twice returns ErrLockLost the second time.
+func (l *Lock) Release(ctx context.Context) error {
+	if l == nil {
+		return invalidf("Release on a nil *Lock")
+	}
+	l.mu.Lock()
+	prev, until := l.state, l.until
+	l.state = stateReleased
+	l.mu.Unlock()
+	if prev == stateReleased {
+		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
+	}
+	rs := l.c.releaseAll(context.WithoutCancel(ctx), l)
+	expired := !time.Now().Before(until)
+	ok := count(rs, OutcomeOK)
+	switch {
+	case ok >= l.c.quorum && !expired && prev == stateHeld:
+		return nil
+	case expired || prev == stateLost:
+		err := l.c.quorumError("release", l.resources, rs, ErrLockLost)
+		return fmt.Errorf("%w: validity ended at %v: %w", ErrLockLost, until, err)
+	case count(rs, OutcomeHeld) > len(rs)-l.c.quorum:
+		return l.c.quorumError("release", l.resources, rs, ErrLockLost)
+	default:
+		return l.c.quorumError("release", l.resources, rs)
+	}
+}

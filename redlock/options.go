@@ -1,0 +1,144 @@
+package redlock
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Defaults. Each option's doc says what zero means.
+const (
+	// DefaultDriftFactor is the clock drift factor of the redis.io reference
+	// implementations: drift = TTL x 0.01 + 2 ms.
+	DefaultDriftFactor = 0.01
+	// DefaultNodeTimeout bounds each node's answer in a round: small against
+	// typical TTLs (redis.io distlock spec, step 2), large enough for a busy
+	// host on loopback.
+	DefaultNodeTimeout = 100 * time.Millisecond
+	// DefaultMinValidity: a grant that leaves less than half the TTL of
+	// validity is refused and released.
+	DefaultMinValidity = 0.5
+	// DefaultMaxRetryWait is how long the default retry policy keeps Acquire
+	// trying when ctx has no earlier deadline.
+	DefaultMaxRetryWait = 30 * time.Second
+)
+
+// driftConstant is the fixed part of the clock drift allowance (redis.io
+// reference implementations: 2 ms for the Redis expiry granularity).
+const driftConstant = 2 * time.Millisecond
+
+// Option configures a Client (New).
+type Option interface{ applyClient(*config) }
+
+// AcquireOption configures one Acquire, TryAcquire or Do call.
+type AcquireOption interface{ applyAcquire(*acquireConfig) }
+
+type config struct {
+	driftFactor float64
+	nodeTimeout time.Duration
+	minValidity float64
+	keyPrefix   string
+	retry       func() backoff.BackOff
+	logger      *slog.Logger
+}
+
+type acquireConfig struct {
+	retry func() backoff.BackOff
+}
+
+type clientOption func(*config)
+
+func (f clientOption) applyClient(c *config) { f(c) }
+
+// WithDriftFactor sets the clock drift factor: the validity of a lock is
+// TTL - elapsed - (TTL x f + 2 ms) (redis.io distlock spec, "Safety
+// arguments"). Default 0.01; 0 keeps only the 2 ms constant. New rejects f
+// outside [0, 0.5) or NaN.
+func WithDriftFactor(f float64) Option {
+	return clientOption(func(c *config) { c.driftFactor = f })
+}
+
+// WithNodeTimeout bounds each node's answer in every quorum round (acquire,
+// extend, release): a node that has not answered after d counts as
+// OutcomeTimeout. The package enforces d itself, whatever the go-redis
+// client's own timeouts (redis.io distlock spec, step 2). A call that is
+// abandoned this way keeps one goroutine until the go-redis client gives up
+// (its ReadTimeout, 3 s by default; at once with ContextTimeoutEnabled).
+// Default DefaultNodeTimeout (100 ms); New rejects d <= 0.
+func WithNodeTimeout(d time.Duration) Option {
+	return clientOption(func(c *config) { c.nodeTimeout = d })
+}
+
+// WithMinValidity sets the smallest share of the TTL that a grant must leave
+// as validity (TTL - elapsed - drift); a weaker grant is refused and released
+// on every node, and the round counts as failed. Default 0.5; 0 accepts any
+// positive validity (the bare rule of the redis.io page, step 4). New rejects
+// f outside [0, 1).
+func WithMinValidity(f float64) Option {
+	return clientOption(func(c *config) { c.minValidity = f })
+}
+
+// WithKeyPrefix sets a prefix prepended to every resource name to form the
+// Redis key, e.g. "lock:". Default "" (the key is the resource name).
+func WithKeyPrefix(p string) Option {
+	return clientOption(func(c *config) { c.keyPrefix = p })
+}
+
+// WithLogger sets the logger for background events (late replies cleaned up,
+// failed cleanups, lost locks in Do). Default: discard; nil means discard.
+// Lock values are never logged.
+func WithLogger(l *slog.Logger) Option {
+	return clientOption(func(c *config) { c.logger = l })
+}
+
+// RetryOption is an option accepted both by New (the Client's default) and by
+// Acquire, TryAcquire and Do (for that call).
+type RetryOption struct{ factory func() backoff.BackOff }
+
+func (o RetryOption) applyClient(c *config)         { c.retry = o.factory }
+func (o RetryOption) applyAcquire(a *acquireConfig) { a.retry = o.factory }
+
+// WithRetry sets the retry policy of Acquire and Do: factory is called once
+// per call, so every call gets fresh state (never share one stateful
+// BackOff between goroutines). NextBackOff gives the delay before the next
+// attempt; backoff.Stop ends Acquire with the last round's error. The
+// policy's own clock governs its MaxElapsedTime. Default: DefaultRetry. A nil
+// factory is rejected (New, or the call).
+func WithRetry(factory func() backoff.BackOff) RetryOption {
+	return RetryOption{factory: factory}
+}
+
+// DefaultRetry returns a fresh instance of the default retry policy:
+// exponential backoff from 25 ms, doubling up to 1 s between attempts, with
+// full jitter (each delay uniform in [0, d)), giving up after
+// DefaultMaxRetryWait (30 s). Safe to call from many goroutines.
+func DefaultRetry() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 25 * time.Millisecond
+	b.Multiplier = 2
+	b.MaxInterval = time.Second
+	b.MaxElapsedTime = DefaultMaxRetryWait
+	b.RandomizationFactor = 0
+	b.Reset()
+	return FullJitter(b)
+}
+
+// FullJitter wraps b so that each delay d becomes a uniform random delay in
+// [0, d) ("full jitter"); backoff.Stop passes through. The result is as safe
+// for concurrent use as b (not at all for ExponentialBackOff: make one per
+// call).
+func FullJitter(b backoff.BackOff) backoff.BackOff { return &fullJitter{b: b} }
+
+type fullJitter struct{ b backoff.BackOff }
+
+func (j *fullJitter) NextBackOff() time.Duration {
+	d := j.b.NextBackOff()
+	if d == backoff.Stop || d <= 0 {
+		return d
+	}
+	return rand.N(d)
+}
+
+func (j *fullJitter) Reset() { j.b.Reset() }

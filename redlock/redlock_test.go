@@ -1,0 +1,529 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+// fastRetry retries every 0-2 ms, forever (ctx bounds it).
+func fastRetry() backoff.BackOff {
+	return redlock.FullJitter(backoff.NewConstantBackOff(2 * time.Millisecond))
+}
+
+// countingRetry wraps a policy and calls hook before each wait.
+type countingRetry struct {
+	backoff.BackOff
+	n    *atomic.Int32
+	hook func()
+}
+
+func (c countingRetry) NextBackOff() time.Duration {
+	c.n.Add(1)
+	if c.hook != nil {
+		c.hook()
+	}
+	return c.BackOff.NextBackOff()
+}
+
+func newClient(t *testing.T, nodes []redis.UniversalClient, opts ...redlock.Option) *redlock.Client {
+	t.Helper()
+	c, err := redlock.New(nodes, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return c
+}
+
+// totalKeys returns the number of keys over all servers.
+func totalKeys(t *testing.T, cl redlocktest.Cluster) int {
+	t.Helper()
+	n := 0
+	for _, keys := range cl.Keys(t) {
+		n += len(keys)
+	}
+	return n
+}
+
+// waitNoKeys polls until no server holds a key, up to limit.
+func waitNoKeys(t *testing.T, cl redlocktest.Cluster, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for totalKeys(t, cl) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("keys still present after %v: %q", limit, cl.Keys(t))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestMutualExclusionUnderContention(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	const workers, cycles = 8, 200
+	var inside, overlaps, done atomic.Int32
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	for w := range workers {
+		// Each worker has its own clients and Client, as separate
+		// processes would.
+		c := newClient(t, cl.Clients(t), redlock.WithRetry(fastRetry))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range cycles {
+				actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				l, err := c.Acquire(actx, []string{"shared"}, time.Second)
+				cancel()
+				if err != nil {
+					t.Errorf("worker %d: Acquire: %v", w, err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+				if time.Now().After(l.Until()) {
+					t.Errorf("worker %d: held past Until", w)
+				}
+				inside.Add(-1)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("worker %d: Release: %v", w, err)
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := overlaps.Load(); got != 0 {
+		t.Errorf("overlapping critical sections = %d, want 0", got)
+	}
+	if got := done.Load(); got != workers*cycles {
+		t.Errorf("completed cycles = %d, want %d", got, workers*cycles)
+	}
+	if n := totalKeys(t, cl); n != 0 {
+		t.Errorf("keys left after all releases = %d (%q), want 0", n, cl.Keys(t))
+	}
+}
+
+func TestStoppedMinorityIsBoundedByNodeTimeout(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	const nodeTimeout = 300 * time.Millisecond
+	// The clients keep go-redis defaults (3 s read timeout, no
+	// ContextTimeoutEnabled): the bound must come from redlock itself.
+	c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout))
+	ctx := context.Background()
+	cl[2].Stop(t)
+	bound := nodeTimeout + 700*time.Millisecond // far below the 3 s read timeout
+
+	start := time.Now()
+	l, err := c.Acquire(ctx, []string{"r"}, 5*time.Second)
+	if err != nil {
+		t.Fatalf("Acquire with 1 of 3 stopped: %v", err)
+	}
+	if d := time.Since(start); d > bound {
+		t.Errorf("Acquire took %v, want at most %v", d, bound)
+	}
+	start = time.Now()
+	if err := l.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatalf("Extend with 1 of 3 stopped: %v", err)
+	}
+	if d := time.Since(start); d > bound {
+		t.Errorf("Extend took %v, want at most %v", d, bound)
+	}
+	start = time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release with 1 of 3 stopped: %v", err)
+	}
+	if d := time.Since(start); d > bound {
+		t.Errorf("Release took %v, want at most %v", d, bound)
+	}
+	for i, s := range cl[:2] {
+		if keys := s.Keys(t); len(keys) != 0 {
+			t.Errorf("running node %d keeps %q after Release", i, keys)
+		}
+	}
+	cl[2].Cont(t)
+	// The queued acquire reaches node 2 after the release: the late-grant
+	// handler deletes it long before its 5 s TTL.
+	waitNoKeys(t, cl, 2*time.Second)
+}
+
+func TestStoppedMajorityFailsWithQuorumErrorAndLeavesNoKey(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(200*time.Millisecond))
+	cl[1].Stop(t)
+	cl[2].Stop(t)
+	_, err := c.TryAcquire(context.Background(), []string{"r"}, 10*time.Second)
+	var qerr *redlock.QuorumError
+	if !errors.As(err, &qerr) {
+		t.Fatalf("TryAcquire with 2 of 3 stopped = %v, want a *QuorumError", err)
+	}
+	if !errors.Is(err, redlock.ErrNotAcquired) || !errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("error %v does not match ErrNotAcquired and ErrUnavailable", err)
+	}
+	for _, i := range []int{1, 2} {
+		r := qerr.Nodes[i]
+		if r.Outcome != redlock.OutcomeTimeout || r.Addr != cl[i].Addr() {
+			t.Errorf("node %d: outcome %v at %s, want timeout at %s", i, r.Outcome, r.Addr, cl[i].Addr())
+		}
+		if !strings.Contains(err.Error(), cl[i].Addr()) {
+			t.Errorf("error text does not name stopped node %s: %v", cl[i].Addr(), err)
+		}
+	}
+	if r := qerr.Nodes[0]; r.Outcome != redlock.OutcomeOK {
+		t.Errorf("node 0 outcome = %v, want ok", r.Outcome)
+	}
+	if keys := cl[0].Keys(t); len(keys) != 0 {
+		t.Errorf("node 0 keeps %q after the failed attempt", keys)
+	}
+	cl[1].Cont(t)
+	cl[2].Cont(t)
+	// The SETs queued on the stopped nodes land now; they must be cleaned
+	// up well before their 10 s TTL.
+	waitNoKeys(t, cl, 3*time.Second)
+}
+
+func TestAcquireRetriesUntilRivalExpires(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rival := newClient(t, cl.Clients(t))
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	if _, err := rival.TryAcquire(ctx, []string{"r"}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var attempts atomic.Int32
+	retry := redlock.WithRetry(func() backoff.BackOff {
+		return countingRetry{BackOff: redlock.DefaultRetry(), n: &attempts}
+	})
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	const ttl = time.Second
+	l, err := c.Acquire(actx, []string{"r"}, ttl, retry)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	defer l.Release(ctx)
+	if n := attempts.Load(); n < 2 {
+		t.Errorf("failed attempts before success = %d, want several", n)
+	}
+	// Validity comes from the successful attempt, not the first one.
+	if left := time.Until(l.Until()); left < ttl/2 {
+		t.Errorf("Until() is %v away, want more than %v", left, ttl/2)
+	}
+}
+
+func TestFailedAttemptsLeaveNoKeyOfOurs(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	// A rival briefly holds the key on nodes 1 and 2 only: our first
+	// attempts win node 0 alone.
+	for _, s := range cl[1:] {
+		if err := s.Client(t).Set(ctx, "r", "rival", 300*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node0 := cl[0]
+	var attempts atomic.Int32
+	var leftovers atomic.Int32
+	retry := redlock.WithRetry(func() backoff.BackOff {
+		return countingRetry{
+			BackOff: redlock.FullJitter(backoff.NewConstantBackOff(40 * time.Millisecond)),
+			n:       &attempts,
+			hook: func() {
+				// Called after each failed attempt, before the wait.
+				if keys := node0.Keys(t); len(keys) != 0 {
+					leftovers.Add(1)
+				}
+			},
+		}
+	})
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := c.Acquire(actx, []string{"r"}, time.Second, retry)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if attempts.Load() == 0 {
+		t.Fatal("first attempt succeeded; the rival should have blocked it")
+	}
+	if n := leftovers.Load(); n != 0 {
+		t.Errorf("%d of %d failed attempts left our key on node 0", n, attempts.Load())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCancelWhileWaiting(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	held, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(150*time.Millisecond, cancel)
+	l, err := c.Acquire(wctx, []string{"r"}, time.Second)
+	if l != nil || !errors.Is(err, redlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Acquire cancelled while waiting = %v, %v; want ErrNotAcquired and context.Canceled", l, err)
+	}
+	var qerr *redlock.QuorumError
+	if !errors.As(err, &qerr) || qerr.Count(redlock.OutcomeHeld) < 2 {
+		t.Errorf("error %v does not carry the last round's held outcomes", err)
+	}
+	// Already cancelled: no round at all.
+	if _, err := c.TryAcquire(wctx, []string{"other"}, time.Second); !errors.Is(err, context.Canceled) || !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Errorf("TryAcquire with a cancelled ctx = %v", err)
+	}
+}
+
+func TestReleaseOfExpiredLockLeavesSuccessorAlone(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	old := newClient(t, cl.Clients(t))
+	next := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l1, err := old.TryAcquire(ctx, []string{"r"}, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	l2, err := next.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatalf("successor TryAcquire: %v", err)
+	}
+	if err := l1.Release(ctx); !errors.Is(err, redlock.ErrLockLost) {
+		t.Errorf("old holder's Release = %v, want ErrLockLost", err)
+	}
+	if err := l1.Extend(ctx, time.Second); !errors.Is(err, redlock.ErrLockLost) {
+		t.Errorf("old holder's Extend = %v, want ErrLockLost", err)
+	}
+	for i, s := range cl {
+		if ttl := s.Client(t).PTTL(ctx, "r").Val(); ttl < 5*time.Second {
+			t.Errorf("node %d: successor's key PTTL = %v after the old Release, want about 10s", i, ttl)
+		}
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Errorf("successor Release = %v", err)
+	}
+}
+
+func TestExtendAfterDeadlineNeverRecreatesKeys(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(80 * time.Millisecond)
+	if err := l.Extend(ctx, 10*time.Second); !errors.Is(err, redlock.ErrLockLost) {
+		t.Errorf("Extend after Until = %v, want ErrLockLost", err)
+	}
+	if n := totalKeys(t, cl); n != 0 {
+		t.Errorf("keys after a late Extend = %q, want none", cl.Keys(t))
+	}
+}
+
+func TestExtendSurvivesOneFailingNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	cl[0].Kill(t)
+	before := l.Until()
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatalf("Extend with node 0 down: %v", err)
+	}
+	if !l.Until().After(before) {
+		t.Errorf("Until did not move: %v -> %v", before, l.Until())
+	}
+	for i, s := range cl[1:] {
+		if ttl := s.Client(t).PTTL(ctx, "r").Val(); ttl < 5*time.Second {
+			t.Errorf("node %d: PTTL = %v, want about 10s", i+1, ttl)
+		}
+	}
+}
+
+func TestScriptFlushBetweenCalls(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	flush := func() {
+		for _, s := range cl {
+			if err := s.Client(t).ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	if err := l.Extend(ctx, time.Second); err != nil {
+		t.Errorf("Extend after SCRIPT FLUSH: %v", err)
+	}
+	flush()
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release after SCRIPT FLUSH: %v", err)
+	}
+	flush()
+	l, err = c.TryAcquire(ctx, []string{"r"}, time.Second)
+	if err != nil {
+		t.Errorf("TryAcquire after SCRIPT FLUSH: %v", err)
+	} else {
+		_ = l.Release(ctx)
+	}
+	if n := totalKeys(t, cl); n != 0 {
+		t.Errorf("keys left = %q", cl.Keys(t))
+	}
+}
+
+func TestReleaseWithCancelledContextStillDeletes(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	l, err := c.TryAcquire(context.Background(), []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release with a cancelled ctx = %v, want nil", err)
+	}
+	if n := totalKeys(t, cl); n != 0 {
+		t.Errorf("keys left = %q", cl.Keys(t))
+	}
+}
+
+func TestTTLIsSentInMilliseconds(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 1500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	for i, s := range cl {
+		ttl := s.Client(t).PTTL(ctx, "r").Val()
+		if ttl <= 1300*time.Millisecond || ttl > 1500*time.Millisecond {
+			t.Errorf("node %d: PTTL = %v, want about 1500ms", i, ttl)
+		}
+	}
+}
+
+func TestSingleNode(t *testing.T) {
+	cl := redlocktest.Start(t, 1)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Second); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Errorf("second TryAcquire = %v, want ErrNotAcquired", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// verifyNoLeaks fails t if goroutines started during t outlive it and its
+// cleanups (servers, clients). Call it first, so its check runs last.
+func verifyNoLeaks(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+func TestDoExtendsWhileRunning(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	rival := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	var rivalWins, rivalTries int
+	err := c.Do(ctx, []string{"r"}, ttl, func(ctx context.Context) error {
+		end := time.Now().Add(3 * ttl)
+		for time.Now().Before(end) {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			rivalTries++
+			if l, err := rival.TryAcquire(ctx, []string{"r"}, ttl); err == nil {
+				rivalWins++
+				_ = l.Release(ctx)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Do = %v, want nil", err)
+	}
+	if rivalWins != 0 || rivalTries < 10 {
+		t.Errorf("rival won %d of %d tries while Do ran 3x TTL, want 0 of many", rivalWins, rivalTries)
+	}
+	if n := totalKeys(t, cl); n != 0 {
+		t.Errorf("keys after Do = %q", cl.Keys(t))
+	}
+}
+
+func TestDoCancelsBeforeUntilWhenMajorityStops(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(100*time.Millisecond))
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	var cancelledAt, until time.Time
+	var cause error
+	err := c.Do(ctx, []string{"r"}, ttl, func(ctx context.Context) error {
+		l, ok := redlock.FromContext(ctx)
+		if !ok {
+			return errors.New("no lock in fn's ctx")
+		}
+		cl[1].Stop(t)
+		cl[2].Stop(t)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * ttl):
+			return errors.New("fn's ctx was never cancelled")
+		}
+		cancelledAt, until, cause = time.Now(), l.Until(), context.Cause(ctx)
+		return nil
+	})
+	if !errors.Is(err, redlock.ErrLockLost) {
+		t.Errorf("Do = %v, want ErrLockLost", err)
+	}
+	if !errors.Is(cause, redlock.ErrLockLost) {
+		t.Errorf("fn's ctx cause = %v, want ErrLockLost", cause)
+	}
+	if !cancelledAt.Before(until) {
+		t.Errorf("fn's ctx cancelled at %v, not before Until %v", cancelledAt, until)
+	}
+	// Calls abandoned on the stopped nodes end once the nodes answer;
+	// verifyNoLeaks checks that nothing else remains.
+	cl[1].Cont(t)
+	cl[2].Cont(t)
+}
