@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -33,31 +34,59 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))
-	stop := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- l.keepAlive(fctx, stop, cancel) }()
-
+	fctx, stop := l.Keep(ctx)
 	defer func() {
-		close(stop)
-		lost := <-done
-		cancel(nil)
-		if lost != nil {
-			err = errors.Join(err, lost)
-			_ = l.Release(ctx) // clean up whatever is left; the loss is the error
-			return
-		}
-		if rerr := l.Release(ctx); rerr != nil {
+		lost := stop()
+		rerr := l.Release(ctx)
+		switch {
+		case lost != nil:
+			err = errors.Join(err, lost) // the loss is the error; Release only cleaned up
+		case rerr != nil:
 			err = errors.Join(err, fmt.Errorf("redlock: release after Do: %w", rerr))
 		}
 	}()
 	return fn(fctx)
 }
 
+// Keep extends l in the background while work runs, as Do does: by its TTL
+// each time a third of the TTL has passed since the last extension,
+// retrying every TTL/10 while nodes fail. The returned context, derived from
+// ctx and carrying l (FromContext), is cancelled with a cause matching
+// ErrLockLost when the lock is lost, no later than Until() - TTL/10, even
+// while an extension still waits for nodes; no extension is tried after
+// that, so a lost lock is never revived. It is also cancelled when ctx ends,
+// which stops the extensions too.
+//
+// stop ends the extensions, waits for the goroutine Keep started, cancels
+// the returned context, and returns the loss (matching ErrLockLost) or nil.
+// It does not release the lock. Call stop exactly once; later calls return
+// the same result. Keep on a nil Lock returns ctx and a stop that reports
+// ErrInvalidArgument.
+func (l *Lock) Keep(ctx context.Context) (kctx context.Context, stop func() error) {
+	if l == nil {
+		err := invalidf("Keep on a nil *Lock")
+		return ctx, func() error { return err }
+	}
+	kctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))
+	quit := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- l.keepAlive(kctx, quit, cancel) }()
+	var once sync.Once
+	var lost error
+	return kctx, func() error {
+		once.Do(func() {
+			close(quit)
+			lost = <-done
+			cancel(nil)
+		})
+		return lost
+	}
+}
+
 type lockKey struct{}
 
-// FromContext returns the Lock that Do holds for the ctx it passed to fn (or
-// a context derived from it), e.g. to read Until or pass the lock on; ok is
+// FromContext returns the Lock that Do (or Keep) holds for the ctx it passed
+// to fn (or a context derived from it), e.g. to read Until or pass the lock on; ok is
 // false for any other context. Do releases the lock itself: do not call
 // Release on it.
 func FromContext(ctx context.Context) (l *Lock, ok bool) {

@@ -1,0 +1,23 @@
+package scheduler
+
+import "errors"
+
+// Sentinel errors; match them with errors.Is.
+var (
+	// ErrHeldElsewhere matches a Lock refused because another instance
+	// holds the job: it already took this tick, or an earlier run of the job
+	// is still running there. gocron skips the run and fires
+	// AfterLockError with this error; it is the normal outcome on all
+	// instances but one. The redlock *QuorumError is wrapped too.
+	ErrHeldElsewhere = errors.New("scheduler: job held by another instance")
+
+	// ErrUnstableName matches a job name that is not stable across
+	// instances and builds: empty, or gocron's default name for an unnamed
+	// closure or method value (a Go function name such as
+	// "main.main.func1"). Name jobs with gocron.WithName.
+	ErrUnstableName = errors.New("scheduler: job name is not stable across instances")
+
+	// ErrDuplicateName matches a second job with the same name in one
+	// Scheduler: both would share one lock and one tick record.
+	ErrDuplicateName = errors.New("scheduler: duplicate job name")
+)

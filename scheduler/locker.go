@@ -1,0 +1,309 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/schedlock/schedlock/redlock"
+)
+
+var _ gocron.Locker = (*Locker)(nil)
+
+// Locker is a gocron.Locker (gocron.WithDistributedLocker) that lets each
+// tick of each job run on exactly one instance of a fleet whose schedulers
+// share the same Redis nodes. It is safe for concurrent use; it starts one
+// goroutine per running job (the lock's extension), which ends in Unlock.
+//
+// For every run, Lock takes two redlock locks with one quorum round each:
+//
+//   - the tick record "<prefix>tick:<job>:<tick in Unix ms>", kept for twice
+//     the clock tolerance and not released after the run, so that instances
+//     whose clocks lag (or that fire late) find the tick taken: exactly once
+//     per tick, whatever the job's duration;
+//   - the run lock "<prefix>job:<job>", held while the job runs and extended
+//     every TTL/3, so that no other instance starts the job while a long run
+//     goes on; released by Unlock.
+//
+// docs/scheduling.md states the guarantee and its limits.
+type Locker struct {
+	client *redlock.Client
+	cfg    lockerConfig
+	log    *slog.Logger
+
+	mu          sync.Mutex
+	runs        map[context.Context]*runLock // by the job ctx gocron passes to Lock and the task
+	resolutions map[string]resolution        // per job, set by Scheduler
+	warned      map[string]bool
+}
+
+// resolution is a tick grid: ticks are anchor + k*every.
+type resolution struct{ every time.Duration }
+
+// NewLocker returns a Locker that takes its locks through client. It
+// performs no I/O and starts nothing. Errors match redlock.ErrInvalidArgument
+// and name the bad value: a nil client, a TTL below 10 ms, a negative clock
+// tolerance, a tick resolution below 1 ms, a lock timeout <= 0.
+func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
+	cfg := lockerConfig{
+		ttl:         DefaultTTL,
+		tolerance:   DefaultClockTolerance,
+		resolution:  DefaultTickResolution,
+		prefix:      DefaultKeyPrefix,
+		lockTimeout: DefaultLockTimeout,
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidf("nil LockerOption")
+		}
+		o(&cfg)
+	}
+	switch {
+	case client == nil:
+		return nil, invalidf("nil *redlock.Client")
+	case cfg.ttl < 10*time.Millisecond:
+		return nil, invalidf("TTL %v is below 10ms", cfg.ttl)
+	case cfg.tolerance < 0 || cfg.tolerance >= 24*time.Hour:
+		return nil, invalidf("clock tolerance %v is outside [0, 24h)", cfg.tolerance)
+	case cfg.resolution < time.Millisecond:
+		return nil, invalidf("tick resolution %v is below 1ms", cfg.resolution)
+	case cfg.lockTimeout <= 0:
+		return nil, invalidf("lock timeout %v is not positive", cfg.lockTimeout)
+	}
+	if cfg.clock == nil {
+		cfg.clock = clockwork.NewRealClock()
+	}
+	log := cfg.logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Locker{
+		client:      client,
+		cfg:         cfg,
+		log:         log,
+		runs:        make(map[context.Context]*runLock),
+		resolutions: make(map[string]resolution),
+		warned:      make(map[string]bool),
+	}, nil
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: scheduler: "+format, append([]any{redlock.ErrInvalidArgument}, args...)...)
+}
+
+// unstableName matches gocron's default names for closures and method
+// values (runtime function names such as main.main.func1, pkg.T.M-fm).
+var unstableName = regexp.MustCompile(`\.func\d+(\.\d+)*$|-fm$`)
+
+// checkName returns ErrUnstableName for names that differ between builds.
+func checkName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: empty name", ErrUnstableName)
+	case unstableName.MatchString(name):
+		return fmt.Errorf("%w: %q is gocron's default name for an unnamed function; set gocron.WithName", ErrUnstableName, name)
+	}
+	return nil
+}
+
+// Tick returns the tick that a run of job starting now on this instance
+// serves: the local time (WithClock) t, moved to the job's tick grid as
+// (t + r/4) rounded down to a multiple of r, where r is the job's interval
+// (jobs added through Scheduler.NewJob as duration jobs) or the tick
+// resolution. A timer that fires up to r/4 early or 3r/4 late still maps to
+// its own tick.
+func (l *Locker) Tick(job string) time.Time {
+	l.mu.Lock()
+	r, ok := l.resolutions[job]
+	l.mu.Unlock()
+	every := l.cfg.resolution
+	if ok {
+		every = r.every
+	}
+	return l.cfg.clock.Now().Add(every / 4).Truncate(every)
+}
+
+// Lock implements gocron.Locker. key is the job's name. It decides without
+// waiting for a busy job: one quorum round for the tick record and one for
+// the run lock, bounded by the lock timeout. On success the run lock is
+// extended in the background until Unlock, and a lost lock cancels the run's
+// context (RunContext).
+//
+// Errors (gocron skips the run and passes them to AfterLockError):
+// ErrHeldElsewhere when another instance took this tick or runs the job;
+// an error matching redlock.ErrUnavailable (with the redlock *QuorumError)
+// when too many Redis nodes failed; ErrUnstableName for an empty name; ctx's
+// error when ctx ended. Lock never returns (nil, nil).
+func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
+	if key == "" {
+		return nil, checkName(key)
+	}
+	if err := checkName(key); err != nil {
+		l.warnOnce(key, err)
+	}
+	tick := l.Tick(key)
+	lctx, cancel := context.WithTimeout(ctx, l.cfg.lockTimeout)
+	defer cancel()
+
+	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
+	marker, err := l.client.TryAcquire(lctx, []string{tickRes}, l.tickTTL())
+	if err != nil {
+		return nil, l.lockError(key, tick, "tick", err)
+	}
+	run, err := l.client.TryAcquire(lctx, []string{l.cfg.prefix + "job:" + key}, l.cfg.ttl)
+	if err != nil {
+		if !isHeld(err) || errors.Is(err, redlock.ErrUnavailable) {
+			// Not a busy job: give the tick back, another instance may
+			// still run it.
+			_ = marker.Release(context.WithoutCancel(ctx))
+		}
+		return nil, l.lockError(key, tick, "run", err)
+	}
+	rl := &runLock{l: l, job: key, tick: tick, jobCtx: ctx, marker: marker, run: run}
+	rl.ctx, rl.stop = run.Keep(context.WithValue(ctx, tickKey{}, tick))
+	l.mu.Lock()
+	l.runs[ctx] = rl
+	l.mu.Unlock()
+	rl.watch()
+	return rl, nil
+}
+
+// isHeld reports whether err is a round lost to another holder.
+func isHeld(err error) bool {
+	var qerr *redlock.QuorumError
+	return errors.As(err, &qerr) && qerr.Count(redlock.OutcomeHeld) > 0
+}
+
+// lockError classifies a failed acquisition of what ("tick" or "run").
+func (l *Locker) lockError(job string, tick time.Time, what string, err error) error {
+	switch {
+	case errors.Is(err, redlock.ErrUnavailable):
+		return fmt.Errorf("scheduler: job %q tick %s: redis unavailable: %w", job, tick.Format(time.RFC3339Nano), err)
+	case errors.Is(err, redlock.ErrNotAcquired) && isHeld(err):
+		reason := "tick already taken"
+		if what == "run" {
+			reason = "previous run still running"
+		}
+		return fmt.Errorf("%w: job %q tick %s: %s: %w", ErrHeldElsewhere, job, tick.Format(time.RFC3339Nano), reason, err)
+	default:
+		return fmt.Errorf("scheduler: job %q tick %s: %w", job, tick.Format(time.RFC3339Nano), err)
+	}
+}
+
+// tickTTL is how long a tick record lives: twice the clock tolerance, at
+// least 100 ms.
+func (l *Locker) tickTTL() time.Duration {
+	return max(2*l.cfg.tolerance, 100*time.Millisecond)
+}
+
+func (l *Locker) warnOnce(job string, err error) {
+	l.mu.Lock()
+	seen := l.warned[job]
+	l.warned[job] = true
+	l.mu.Unlock()
+	if !seen {
+		l.log.Warn("scheduler: job name is not stable across builds; instances built from different code will not share its lock", "job", job, "err", err)
+	}
+}
+
+// RunContext returns the context of the run that ctx belongs to: pass the
+// ctx gocron gives the task (a task function whose first parameter is
+// context.Context receives it). The result is also cancelled, with a cause
+// matching redlock.ErrLockLost, when the run's lock is lost, and it carries
+// the run's *redlock.Lock (redlock.FromContext). For a ctx with no run under
+// this Locker it returns ctx. The run's tick is in it too (TickFromContext).
+func (l *Locker) RunContext(ctx context.Context) context.Context {
+	l.mu.Lock()
+	rl := l.runs[ctx]
+	l.mu.Unlock()
+	if rl == nil {
+		return ctx
+	}
+	return rl.ctx
+}
+
+type tickKey struct{}
+
+// TickFromContext returns the tick that the run of ctx serves (see
+// Locker.Tick), for a ctx returned by RunContext or derived from it; ok is
+// false for any other ctx. Use it to label the work of a run, e.g. "the
+// report for 12:00:00", identically on every instance.
+func TickFromContext(ctx context.Context) (tick time.Time, ok bool) {
+	tick, ok = ctx.Value(tickKey{}).(time.Time)
+	return tick, ok
+}
+
+// runLock is the gocron.Lock of one run.
+type runLock struct {
+	l      *Locker
+	job    string
+	tick   time.Time
+	jobCtx context.Context
+	marker *redlock.Lock
+	run    *redlock.Lock
+	ctx    context.Context // cancelled when the run lock is lost
+	stop   func() error
+	done   chan struct{} // closed by Unlock, ends watch
+	once   sync.Once
+	err    error
+}
+
+// watch reports a lost lock while the run goes on.
+func (r *runLock) watch() {
+	r.done = make(chan struct{})
+	go func() {
+		select {
+		case <-r.done:
+		case <-r.ctx.Done():
+			cause := context.Cause(r.ctx)
+			if !errors.Is(cause, redlock.ErrLockLost) {
+				return // the job's ctx ended: shutdown or removal
+			}
+			r.l.log.Error("scheduler: lock lost while the job was running; its run context is cancelled",
+				"job", r.job, "tick", r.tick, "err", cause)
+			if r.l.cfg.onLost != nil {
+				r.l.cfg.onLost(r.job, cause)
+			}
+		}
+	}()
+}
+
+// Unlock implements gocron.Lock. It stops the extension and releases the run
+// lock on a context detached from ctx (gocron passes the job's ctx, already
+// cancelled after Shutdown, StopJobs or RemoveJob), bounded by the redlock
+// node timeout. The tick record stays until it expires, unless ctx was
+// cancelled: an interrupted run gives its tick back. It returns the lost-lock
+// or release error (gocron ignores it; it is also logged). Calling Unlock
+// again returns the first result.
+func (r *runLock) Unlock(ctx context.Context) error {
+	r.once.Do(func() {
+		lost := r.stop()
+		close(r.done)
+		r.l.mu.Lock()
+		if r.l.runs[r.jobCtx] == r {
+			delete(r.l.runs, r.jobCtx)
+		}
+		r.l.mu.Unlock()
+		dctx := context.WithoutCancel(ctx)
+		rerr := r.run.Release(dctx)
+		if ctx.Err() != nil {
+			_ = r.marker.Release(dctx)
+		}
+		switch {
+		case lost != nil:
+			r.err = lost
+		case rerr != nil:
+			r.err = fmt.Errorf("scheduler: job %q: release: %w", r.job, rerr)
+			r.l.log.Warn("scheduler: release after the job failed; the lock expires with its TTL", "job", r.job, "err", rerr)
+		}
+	})
+	return r.err
+}

@@ -1,0 +1,98 @@
+package scheduler
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+)
+
+// Defaults of the Locker options.
+const (
+	// DefaultTTL is the TTL of the lock that a running job holds. The lock is
+	// extended every TTL/3 while the job runs, so the TTL bounds how long a
+	// crashed instance keeps the job from running elsewhere, not how long a
+	// job may run.
+	DefaultTTL = 10 * time.Second
+	// DefaultClockTolerance is the largest clock difference between two
+	// instances for which each tick still runs exactly once.
+	DefaultClockTolerance = time.Second
+	// DefaultTickResolution is the spacing of the tick grid for jobs whose
+	// schedule the Locker does not know: cron jobs fire on whole seconds.
+	DefaultTickResolution = time.Second
+	// DefaultKeyPrefix starts every Redis key the Locker writes (after the
+	// redlock Client's own prefix).
+	DefaultKeyPrefix = "schedlock:"
+	// DefaultLockTimeout bounds one Lock call.
+	DefaultLockTimeout = time.Second
+)
+
+// LockerOption configures a Locker (NewLocker) or the Locker inside a
+// Scheduler (New, through WithLockerOptions).
+type LockerOption func(*lockerConfig)
+
+type lockerConfig struct {
+	ttl         time.Duration
+	tolerance   time.Duration
+	resolution  time.Duration
+	prefix      string
+	lockTimeout time.Duration
+	clock       clockwork.Clock
+	logger      *slog.Logger
+	onLost      func(job string, err error)
+}
+
+// WithTTL sets the TTL of the lock a running job holds (extended every TTL/3
+// while it runs). A crashed instance blocks the job for at most this long.
+// Default DefaultTTL (10 s); NewLocker rejects values below 10 ms.
+func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.ttl = d } }
+
+// WithClockTolerance sets the largest difference between any two
+// instances' clocks (as seen by their gocron schedulers) for which each tick
+// still runs exactly once: the record of a tick is kept for twice this long.
+// Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
+// values of a day or more. Zero keeps the record for the minimum of 100 ms.
+func WithClockTolerance(d time.Duration) LockerOption {
+	return func(c *lockerConfig) { c.tolerance = d }
+}
+
+// WithTickResolution sets the grid that identifies a tick for jobs whose
+// schedule the Locker does not know (jobs added to a plain gocron scheduler):
+// a run that starts at local time t serves the tick t rounded to this grid
+// (see Locker.Lock). Default DefaultTickResolution (1 s), right for cron jobs
+// and for duration jobs that are multiples of 1 s aligned to whole seconds.
+// NewLocker rejects values below 1 ms.
+func WithTickResolution(d time.Duration) LockerOption {
+	return func(c *lockerConfig) { c.resolution = d }
+}
+
+// WithKeyPrefix sets the prefix of every key the Locker writes. Default
+// DefaultKeyPrefix ("schedlock:"); "" is allowed.
+func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.prefix = p } }
+
+// WithLockTimeout bounds one Lock call (two quorum rounds at most, each
+// also bounded by the redlock node timeout). A busy job is never waited for:
+// it is a skip. Default DefaultLockTimeout (1 s); NewLocker rejects values
+// <= 0.
+func WithLockTimeout(d time.Duration) LockerOption {
+	return func(c *lockerConfig) { c.lockTimeout = d }
+}
+
+// WithClock sets the clock used to identify ticks. It must be the clock the
+// gocron scheduler uses (gocron.WithClock); New passes it to gocron itself.
+// Default: the real clock. nil means the real clock.
+func WithClock(c clockwork.Clock) LockerOption {
+	return func(cfg *lockerConfig) { cfg.clock = c }
+}
+
+// WithLogger sets the logger for lost locks, failed releases and unstable
+// job names. Default: discard; nil means discard.
+func WithLogger(l *slog.Logger) LockerOption { return func(c *lockerConfig) { c.logger = l } }
+
+// WithLostHandler sets a function called, on a goroutine of the Locker, when a
+// running job's lock is lost (a majority of Redis nodes unreachable until
+// the lock's validity ran out, or the lock expired). The run's context
+// (Locker.RunContext) is cancelled at the same time. Default: none.
+func WithLostHandler(f func(job string, err error)) LockerOption {
+	return func(c *lockerConfig) { c.onLost = f }
+}

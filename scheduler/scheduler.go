@@ -1,0 +1,171 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+
+	"github.com/schedlock/schedlock/redlock"
+)
+
+var _ gocron.Scheduler = (*Scheduler)(nil)
+
+// Scheduler is a gocron.Scheduler whose jobs run once per tick across every
+// instance that uses the same Redis nodes. It embeds the gocron scheduler,
+// so every gocron method works as documented by gocron; NewJob and Update
+// add the checks and settings that a fleet needs:
+//
+//   - a job must have a stable name (gocron.WithName): an empty name or
+//     gocron's default name for a closure ("main.main.func1") fails with
+//     ErrUnstableName, a name already used by another job of this Scheduler
+//     with ErrDuplicateName;
+//   - a duration job (gocron.DurationJob(d)) is anchored to the wall-clock
+//     grid of multiples of d (gocron.WithStartAt with the current time
+//     rounded down to d), so that instances started at different times tick
+//     at the same instants, and its ticks are identified on that grid.
+//
+// Safe for concurrent use, as the gocron scheduler is.
+type Scheduler struct {
+	gocron.Scheduler
+	locker *Locker
+
+	mu sync.Mutex // serialises NewJob/Update so that name checks hold
+}
+
+// Option configures New.
+type Option func(*schedConfig)
+
+type schedConfig struct {
+	locker []LockerOption
+	gocron []gocron.SchedulerOption
+}
+
+// WithLockerOptions passes options to the Scheduler's Locker (NewLocker).
+func WithLockerOptions(opts ...LockerOption) Option {
+	return func(c *schedConfig) { c.locker = append(c.locker, opts...) }
+}
+
+// WithGocronOptions passes options to gocron.NewScheduler, after the ones New
+// sets (gocron.WithClock with the Locker's clock, and
+// gocron.WithDistributedLocker). Do not pass gocron.WithDistributedElector:
+// with an elector gocron consults no locker.
+func WithGocronOptions(opts ...gocron.SchedulerOption) Option {
+	return func(c *schedConfig) { c.gocron = append(c.gocron, opts...) }
+}
+
+// New returns a gocron scheduler whose jobs are locked through client with a
+// new Locker. Like gocron.NewScheduler it starts nothing until Start.
+// Errors: those of NewLocker (matching redlock.ErrInvalidArgument) and of
+// gocron.NewScheduler.
+func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
+	var cfg schedConfig
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidf("nil Option")
+		}
+		o(&cfg)
+	}
+	locker, err := NewLocker(client, cfg.locker...)
+	if err != nil {
+		return nil, err
+	}
+	gopts := append([]gocron.SchedulerOption{
+		gocron.WithClock(locker.cfg.clock),
+		gocron.WithDistributedLocker(locker),
+	}, cfg.gocron...)
+	s, err := gocron.NewScheduler(gopts...)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	return &Scheduler{Scheduler: s, locker: locker}, nil
+}
+
+// Locker returns the Scheduler's Locker.
+func (s *Scheduler) Locker() *Locker { return s.locker }
+
+// RunContext is Locker().RunContext: the run's context, cancelled also when
+// the run's lock is lost. Call it first thing in a task:
+//
+//	gocron.NewTask(func(ctx context.Context) error {
+//		ctx = s.RunContext(ctx)
+//		...
+//	})
+func (s *Scheduler) RunContext(ctx context.Context) context.Context {
+	return s.locker.RunContext(ctx)
+}
+
+// NewJob is gocron's NewJob with the checks described on Scheduler. On an
+// error no job is left in the scheduler.
+func (s *Scheduler) NewJob(def gocron.JobDefinition, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, err := s.Scheduler.NewJob(def, task, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return s.settle(j, def, task, opts)
+}
+
+// Update is gocron's Update with the checks described on Scheduler.
+func (s *Scheduler) Update(id uuid.UUID, def gocron.JobDefinition, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, err := s.Scheduler.Update(id, def, task, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return s.settle(j, def, task, opts)
+}
+
+// settle checks the name of the new job j and anchors a duration job to
+// its grid, re-creating it under the same ID.
+func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.Task, opts []gocron.JobOption) (gocron.Job, error) {
+	name := j.Name()
+	fail := func(err error) (gocron.Job, error) {
+		_ = s.Scheduler.RemoveJob(j.ID())
+		return nil, err
+	}
+	if err := checkName(name); err != nil {
+		return fail(err)
+	}
+	for _, other := range s.Scheduler.Jobs() {
+		if other.ID() != j.ID() && other.Name() == name {
+			return fail(fmt.Errorf("%w: %q (job %s already has it)", ErrDuplicateName, name, other.ID()))
+		}
+	}
+	ds, ok := j.Schedule().(gocron.DurationJobSchedule)
+	if !ok || ds.Duration <= 0 {
+		s.locker.setResolution(name, 0)
+		return j, nil
+	}
+	anchor := s.locker.cfg.clock.Now().Truncate(ds.Duration)
+	aligned := append(append([]gocron.JobOption(nil), opts...),
+		gocron.WithStartAt(gocron.WithStartDateTimePast(anchor)),
+		gocron.WithIdentifier(j.ID()))
+	if err := s.Scheduler.RemoveJob(j.ID()); err != nil {
+		return nil, fmt.Errorf("scheduler: re-creating duration job %q: %w", name, err)
+	}
+	j, err := s.Scheduler.NewJob(def, task, aligned...)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: re-creating duration job %q: %w", name, err)
+	}
+	s.locker.setResolution(name, ds.Duration)
+	return j, nil
+}
+
+// setResolution sets the tick grid of job (0: the default resolution).
+func (l *Locker) setResolution(job string, every time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if every <= 0 {
+		delete(l.resolutions, job)
+		return
+	}
+	l.resolutions[job] = resolution{every: every}
+}
+
+
