@@ -1,0 +1,182 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/scheduler"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// miniClient returns a redlock Client over n fresh miniredis nodes.
+func miniClient(t *testing.T, n int) (*redlock.Client, []*miniredis.Miniredis) {
+	t.Helper()
+	var nodes []redis.UniversalClient
+	var ms []*miniredis.Miniredis
+	for range n {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { c.Close() })
+		nodes = append(nodes, c)
+		ms = append(ms, m)
+	}
+	c, err := redlock.New(nodes, redlock.WithNodeTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ms
+}
+
+func TestNewLockerRejectsBadConfig(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	tests := []struct {
+		name   string
+		client *redlock.Client
+		opts   []scheduler.LockerOption
+		want   string
+	}{
+		{"nil client", nil, nil, "nil *redlock.Client"},
+		{"tiny TTL", c, []scheduler.LockerOption{scheduler.WithTTL(time.Millisecond)}, "TTL 1ms"},
+		{"negative tolerance", c, []scheduler.LockerOption{scheduler.WithClockTolerance(-time.Second)}, "clock tolerance -1s"},
+		{"zero resolution", c, []scheduler.LockerOption{scheduler.WithTickResolution(0)}, "tick resolution 0s"},
+		{"zero lock timeout", c, []scheduler.LockerOption{scheduler.WithLockTimeout(0)}, "lock timeout 0s"},
+		{"nil option", c, []scheduler.LockerOption{nil}, "nil LockerOption"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := scheduler.NewLocker(tt.client, tt.opts...)
+			if l != nil || !errors.Is(err, redlock.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("NewLocker() = %v, %v; want ErrInvalidArgument naming %q", l, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLockTellsBusyFromUnavailable(t *testing.T) {
+	c, ms := miniClient(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := scheduler.NewLocker(c, scheduler.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	la, err := a.Lock(ctx, "report")
+	if err != nil || la == nil {
+		t.Fatalf("first Lock = %v, %v; want a lock", la, err)
+	}
+	lb, err := b.Lock(ctx, "report")
+	if lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("Lock of the same tick on another instance = %v, %v; want nil, ErrHeldElsewhere", lb, err)
+	}
+	if err := la.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	// Same tick again after the run: still taken.
+	if lb, err := b.Lock(ctx, "report"); lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) {
+		t.Errorf("Lock of a finished tick = %v, %v; want nil, ErrHeldElsewhere", lb, err)
+	}
+	// The next tick is free.
+	clock.Advance(time.Second)
+	lb, err = b.Lock(ctx, "report")
+	if err != nil {
+		t.Fatalf("Lock of the next tick: %v", err)
+	}
+	if err := lb.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Redis down: not "held elsewhere", and the node detail is there.
+	for _, m := range ms[:2] {
+		m.Close()
+	}
+	clock.Advance(time.Second)
+	l, err := a.Lock(ctx, "report")
+	var qerr *redlock.QuorumError
+	if l != nil || !errors.Is(err, redlock.ErrUnavailable) || errors.Is(err, scheduler.ErrHeldElsewhere) || !errors.As(err, &qerr) {
+		t.Errorf("Lock with 2 of 3 nodes down = %v, %v; want nil, ErrUnavailable with a *QuorumError", l, err)
+	}
+}
+
+func TestLockOfEmptyNameIsAnError(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	l, err := scheduler.NewLocker(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk, err := l.Lock(context.Background(), "")
+	if lk != nil || !errors.Is(err, scheduler.ErrUnstableName) {
+		t.Errorf("Lock(\"\") = %v, %v; want nil, ErrUnstableName", lk, err)
+	}
+}
+
+func TestTickGrid(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 7, 0, time.UTC))
+	s, err := scheduler.New(c, scheduler.WithLockerOptions(scheduler.WithClock(clock)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	task := gocron.NewTask(func() {})
+	if _, err := s.NewJob(gocron.DurationJob(5*time.Second), task, gocron.WithName("every5")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), task, gocron.WithName("cron")); err != nil {
+		t.Fatal(err)
+	}
+	base := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		job  string
+		now  time.Duration // after base
+		want time.Duration
+	}{
+		{"cron", 7 * time.Second, 7 * time.Second},
+		{"cron", 7*time.Second + 600*time.Millisecond, 7 * time.Second}, // fired late
+		{"cron", 7*time.Second - 100*time.Millisecond, 7 * time.Second}, // fired early
+		{"every5", 10*time.Second + 30*time.Millisecond, 10 * time.Second},
+		{"every5", 10*time.Second - time.Second, 10 * time.Second},
+		{"unknown", 3*time.Second + 5*time.Millisecond, 3 * time.Second},
+	}
+	for _, tt := range tests {
+		clock.Advance(base.Add(tt.now).Sub(clock.Now()))
+		if got := s.Locker().Tick(tt.job); !got.Equal(base.Add(tt.want)) {
+			t.Errorf("Tick(%q) at +%v = %v, want +%v", tt.job, tt.now, got.Sub(base), tt.want)
+		}
+	}
+}
+
+func TestNewJobRejectsUnstableAndDuplicateNames(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	s, err := scheduler.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	def := gocron.DurationJob(time.Second)
+	if _, err := s.NewJob(def, gocron.NewTask(func() {})); !errors.Is(err, scheduler.ErrUnstableName) {
+		t.Errorf("NewJob of an unnamed closure = %v, want ErrUnstableName", err)
+	}
+	if _, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName("sync")); err != nil {
+		t.Fatalf("NewJob named sync: %v", err)
+	}
+	if _, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName("sync")); !errors.Is(err, scheduler.ErrDuplicateName) {
+		t.Errorf("second NewJob named sync = %v, want ErrDuplicateName", err)
+	}
+	if n := len(s.Jobs()); n != 1 {
+		t.Errorf("jobs after the rejected ones = %d, want 1", n)
+	}
+}
