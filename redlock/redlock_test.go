@@ -527,3 +527,52 @@ func TestDoCancelsBeforeUntilWhenMajorityStops(t *testing.T) {
 	cl[1].Cont(t)
 	cl[2].Cont(t)
 }
+
+// TestNoScriptLoadsInSteadyState: scripts go out as EVALSHA; EVAL (the
+// NOSCRIPT fallback) runs once per script per node, on first use.
+func TestNoScriptLoadsInSteadyState(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	for range 50 {
+		l, err := c.TryAcquire(ctx, []string{"r"}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Extend(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range cl {
+		info := s.Client(t).Info(ctx, "commandstats").Val()
+		evals, evalshas := cmdCalls(info, "eval"), cmdCalls(info, "evalsha")
+		if evals > 3 {
+			t.Errorf("node %d: %d EVAL calls for 3 scripts, want at most 3", i, evals)
+		}
+		if evalshas < 150 {
+			t.Errorf("node %d: %d EVALSHA calls, want at least 150", i, evalshas)
+		}
+	}
+}
+
+// cmdCalls returns calls= of cmdstat_<name> in INFO commandstats output.
+func cmdCalls(info, name string) int {
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
+		if !ok {
+			continue
+		}
+		n := 0
+		for _, ch := range rest {
+			if ch < '0' || ch > '9' {
+				break
+			}
+			n = n*10 + int(ch-'0')
+		}
+		return n
+	}
+	return 0
+}

@@ -1,0 +1,55 @@
+package redlock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestAcquireIsIdempotent: a key that already holds the lock's own value
+// (a grant whose reply was lost) counts as granted and gets its TTL
+// refreshed, so a retry never blocks itself (issue: behaviour 5).
+func TestAcquireIsIdempotent(t *testing.T) {
+	var nodes []redis.UniversalClient
+	var ms []*miniredis.Miniredis
+	for range 3 {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { c.Close() })
+		nodes, ms = append(nodes, c), append(ms, m)
+	}
+	c, err := New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.newLock([]string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Our own value on nodes 0 and 1 with a short TTL, as an earlier
+	// attempt whose replies were lost would have left it.
+	for _, m := range ms[:2] {
+		if err := m.Set("r", l.value); err != nil {
+			t.Fatal(err)
+		}
+		m.SetTTL("r", time.Second)
+	}
+	if qerr := c.attempt(context.Background(), l); qerr != nil {
+		t.Fatalf("attempt over our own keys = %v, want granted", qerr)
+	}
+	l.waitAcquireCalls()
+	for i, m := range ms {
+		if got := m.TTL("r"); got < 9*time.Second {
+			t.Errorf("node %d: TTL = %v, want refreshed to about 10s", i, got)
+		}
+		if v, _ := m.Get("r"); v != l.value {
+			t.Errorf("node %d: key does not hold the lock's value", i)
+		}
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
