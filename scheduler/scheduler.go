@@ -167,5 +167,3 @@ func (l *Locker) setResolution(job string, every time.Duration) {
 	}
 	l.resolutions[job] = resolution{every: every}
 }
-
-
