@@ -52,6 +52,8 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		nodeTimeout: DefaultNodeTimeout,
 		minValidity: DefaultMinValidity,
 		retry:       DefaultRetry,
+
+		fencingRetention: DefaultFencingRetention,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -68,6 +70,8 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		return nil, invalidf("minimum validity %v is outside [0, 1)", cfg.minValidity)
 	case cfg.retry == nil:
 		return nil, invalidf("nil retry policy factory")
+	case cfg.fencingRetention < time.Second:
+		return nil, invalidf("fencing retention %v is below 1s", cfg.fencingRetention)
 	}
 	log := cfg.logger
 	if log == nil {
@@ -124,9 +128,25 @@ func (c *Client) checkTTL(ttl time.Duration) error {
 	return nil
 }
 
-// nodeCall runs one script on one node; ok reports OutcomeOK versus
-// OutcomeHeld when err is nil.
-type nodeCall func(ctx context.Context, n *node) (ok bool, err error)
+// reply is one node's answer: ok is OutcomeOK versus OutcomeHeld; holder
+// and token carry what an acquire script returned.
+type reply struct {
+	ok     bool
+	holder string
+	token  uint64
+	value  string // full key value (Holder reads only)
+}
+
+// nodeCall runs one script on one node.
+type nodeCall func(ctx context.Context, n *node) (reply, error)
+
+// okCall adapts a script whose integer result means OK when it equals want.
+func okCall(run func(ctx context.Context, n *node) *redis.Cmd, want int64) nodeCall {
+	return func(ctx context.Context, n *node) (reply, error) {
+		v, err := run(ctx, n).Int64()
+		return reply{ok: v == want}, err
+	}
+}
 
 // roundState collects the answers of one quorum round. Answers that arrive
 // after the round was decided are "late" and go to the late callback.
@@ -142,7 +162,7 @@ type roundState struct {
 type roundSpec struct {
 	call  nodeCall
 	early bool                              // decide as soon as the outcome is known
-	late  func(n *node, ok bool, err error) // optional: an answer after the decision
+	late  func(n *node, r reply, err error) // optional: an answer after the decision
 	done  func()                            // optional: after each node's call and late handling
 }
 
@@ -166,22 +186,23 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 				defer spec.done()
 			}
 			cctx, cancel := context.WithTimeout(ctx, c.cfg.nodeTimeout)
-			ok, err := spec.call(cctx, nd)
+			rep, err := spec.call(cctx, nd)
 			cancel()
-			r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(start)}
+			r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(start),
+				Holder: rep.holder, token: rep.token, value: rep.value}
 			switch {
 			case err != nil && isTimeout(err):
 				r.Outcome = OutcomeTimeout
 			case err != nil:
 				r.Outcome = OutcomeError
-			case !ok:
+			case !rep.ok:
 				r.Outcome = OutcomeHeld
 			}
 			rs.mu.Lock()
 			if rs.closed {
 				rs.mu.Unlock()
 				if spec.late != nil {
-					spec.late(nd, ok, err)
+					spec.late(nd, rep, err)
 				}
 				return
 			}
@@ -252,4 +273,39 @@ func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sen
 		sentinels = append(sentinels, ErrUnavailable)
 	}
 	return &QuorumError{Op: op, Resources: resources, Quorum: c.quorum, Nodes: rs, sentinels: sentinels}
+}
+
+// Holder returns the metadata (WithMetadata) of the lock that holds
+// resource on a quorum of nodes, from one parallel round of reads bounded by
+// the node timeout; held is false when no single lock holds it on a quorum
+// (free, expiring, or contested). A lock without metadata gives "" and true.
+// Errors: a *QuorumError matching ErrUnavailable when so many nodes failed
+// that the answer is unknown. Safe for concurrent use.
+func (c *Client) Holder(ctx context.Context, resource string) (metadata string, held bool, err error) {
+	if resource == "" {
+		return "", false, invalidf("empty resource")
+	}
+	key := c.cfg.keyPrefix + resource
+	rs := c.round(ctx, roundSpec{call: func(ctx context.Context, n *node) (reply, error) {
+		v, err := n.rdb.Get(ctx, key).Result()
+		if errors.Is(err, redis.Nil) {
+			return reply{ok: true}, nil
+		}
+		return reply{ok: true, value: v}, err
+	}})
+	votes := map[string]int{}
+	for _, r := range rs {
+		if r.Outcome == OutcomeOK && len(r.value) >= tokenLen {
+			if votes[r.value]++; votes[r.value] >= c.quorum {
+				return r.value[tokenLen:], true, nil
+			}
+		}
+	}
+	if failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout); failed > len(rs)-c.quorum {
+		for i := range rs {
+			rs[i].value = ""
+		}
+		return "", false, c.quorumError("holder", []string{resource}, rs)
+	}
+	return "", false, nil
 }

@@ -62,15 +62,22 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 // It does not release the lock. Call stop exactly once; later calls return
 // the same result. Keep on a nil Lock returns ctx and a stop that reports
 // ErrInvalidArgument.
-func (l *Lock) Keep(ctx context.Context) (kctx context.Context, stop func() error) {
+func (l *Lock) Keep(ctx context.Context, opts ...KeepOption) (kctx context.Context, stop func() error) {
 	if l == nil {
 		err := invalidf("Keep on a nil *Lock")
 		return ctx, func() error { return err }
 	}
+	ttl := l.TTL()
+	every := ttl / 3
+	for _, o := range opts {
+		if o.every > 0 {
+			every = min(o.every, ttl*8/10)
+		}
+	}
 	kctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))
 	quit := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- l.keepAlive(kctx, quit, cancel) }()
+	go func() { done <- l.keepAlive(kctx, quit, cancel, every) }()
 	var once sync.Once
 	var lost error
 	return kctx, func() error {
@@ -94,13 +101,21 @@ func FromContext(ctx context.Context) (l *Lock, ok bool) {
 	return l, ok
 }
 
-// keepAlive extends l until stop is closed, and cancels fn's ctx through
-// cancel when the lock is lost. It returns the loss, or nil.
-func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel context.CancelCauseFunc) error {
+// KeepOption configures Keep.
+type KeepOption struct{ every time.Duration }
+
+// ExtendEvery sets the time from one successful extension to the next.
+// Default TTL/3; values above 0.8 x TTL are lowered to 0.8 x TTL, and zero
+// or negative values mean the default.
+func ExtendEvery(d time.Duration) KeepOption { return KeepOption{every: d} }
+
+// keepAlive extends l every `every` until stop is closed, and cancels fn's
+// ctx through cancel when the lock is lost. It returns the loss, or nil.
+func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel context.CancelCauseFunc, every time.Duration) error {
 	ttl := l.TTL()
 	margin := ttl / 10
 	retry := max(ttl/10, time.Millisecond)
-	next := l.Until().Add(-2 * ttl / 3)
+	next := l.Until().Add(every - ttl)
 	for {
 		deadline := l.Until().Add(-margin)
 		if next.After(deadline) {
@@ -129,7 +144,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 			dt.Stop()
 			switch {
 			case err == nil:
-				next = l.Until().Add(-2 * ttl / 3)
+				next = l.Until().Add(every - ttl)
 			case errors.Is(err, ErrLockLost):
 				return l.lose(cancel, err)
 			default:

@@ -96,6 +96,13 @@ type NodeResult struct {
 	// Latency is the time from the round's start to the node's answer; for
 	// OutcomeTimeout it is the time the round waited.
 	Latency time.Duration
+	// Holder is, for OutcomeHeld in an acquire round, the metadata that the
+	// other holder stored with its lock (WithMetadata); "" otherwise. The
+	// holder's owner token is never exposed.
+	Holder string
+
+	token uint64 // fencing token proposed by the node (acquire with fencing)
+	value string // the key's value (Holder only; never leaves the package)
 }
 
 // QuorumError describes a quorum round that did not succeed, with every
@@ -104,7 +111,8 @@ type NodeResult struct {
 // that apply: ErrNotAcquired for acquisitions, ErrLockLost when the lock is
 // certainly gone, ErrUnavailable when too many nodes failed.
 type QuorumError struct {
-	// Op is "acquire", "extend" or "release".
+	// Op is "acquire", "fence" (recording the fencing token, WithFencing),
+	// "extend", "release" or "holder" (Client.Holder).
 	Op string
 	// Resources are the lock's resource names (without key prefix).
 	Resources []string
@@ -129,6 +137,24 @@ func (e *QuorumError) Count(o Outcome) int {
 		}
 	}
 	return n
+}
+
+// Holder returns the metadata (WithMetadata) of the lock that refused this
+// acquire round, as reported by the most OutcomeHeld nodes; ok is false when
+// no node reported a holder.
+func (e *QuorumError) Holder() (metadata string, ok bool) {
+	votes := map[string]int{}
+	best := 0
+	for _, r := range e.Nodes {
+		if r.Outcome != OutcomeHeld || e.Op != "acquire" {
+			continue
+		}
+		votes[r.Holder]++
+		if n := votes[r.Holder]; n > best || (n == best && r.Holder < metadata) {
+			metadata, best = r.Holder, n
+		}
+	}
+	return metadata, best > 0
 }
 
 // Error reports the counts and every node that did not answer OK.

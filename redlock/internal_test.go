@@ -25,7 +25,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := c.newLock([]string{"r"}, 10*time.Second)
+	l, err := c.newLock([]string{"r"}, 10*time.Second, acquireConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

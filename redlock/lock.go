@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
 )
 
 // Lock is a lock held on a quorum of nodes, as returned by Acquire and
@@ -18,8 +19,11 @@ import (
 type Lock struct {
 	c         *Client
 	resources []string
-	keys      []string
-	value     string
+	keys      []string // lock keys, then (with fencing) the fencing counters
+	nlock     int      // number of lock keys
+	value     string   // owner token (32 hex digits) + metadata
+	fencing   bool
+	token     uint64 // fencing token, set once held
 
 	mu       sync.Mutex
 	state    lockState
@@ -47,6 +51,30 @@ func (l *Lock) Resources() []string {
 	return slices.Clone(l.resources)
 }
 
+// FencingToken returns the lock's fencing token: a number that strictly
+// increases across successive holders of each of its resources, or 0 when
+// the lock was acquired without fencing (WithFencing). One token covers all
+// resources of a multi-resource lock. Pass it with every write to the
+// protected resource, which must reject a token lower than the highest it
+// has seen. docs/fencing.md gives the guarantee and its assumptions.
+func (l *Lock) FencingToken() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.token
+}
+
+// Metadata returns the metadata stored with the lock (WithMetadata).
+func (l *Lock) Metadata() string {
+	if l == nil {
+		return ""
+	}
+	return l.value[tokenLen:]
+}
+
+// tokenLen is the length of the owner token at the start of a lock value.
+const tokenLen = 32
+
 // Until returns the local validity deadline: the start of the last
 // successful acquire or extend round + TTL - drift, on this process's
 // monotonic clock (redis.io distlock spec, step 3). Work guarded by the lock
@@ -72,9 +100,12 @@ func (l *Lock) TTL() time.Duration {
 
 // newLock validates resources and ttl and prepares an acquisition with a new
 // random value.
-func (c *Client) newLock(resources []string, ttl time.Duration) (*Lock, error) {
+func (c *Client) newLock(resources []string, ttl time.Duration, a acquireConfig) (*Lock, error) {
 	if err := c.checkTTL(ttl); err != nil {
 		return nil, err
+	}
+	if len(a.metadata) > MaxMetadata {
+		return nil, invalidf("metadata of %d bytes exceeds %d", len(a.metadata), MaxMetadata)
 	}
 	if len(resources) == 0 {
 		return nil, invalidf("empty resource list")
@@ -89,13 +120,23 @@ func (c *Client) newLock(resources []string, ttl time.Duration) (*Lock, error) {
 		}
 		keys[i] = c.cfg.keyPrefix + r
 	}
-	var b [16]byte
+	n := len(keys)
+	if a.fencing {
+		for _, k := range keys[:n] {
+			keys = append(keys, k+fencingSuffix)
+		}
+	}
+	var b [tokenLen / 2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, value: hex.EncodeToString(b[:]), ttl: ttl}, nil
+	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n,
+		value: hex.EncodeToString(b[:]) + a.metadata, fencing: a.fencing, ttl: ttl}, nil
 }
 
+// fencingSuffix turns a lock key into its fencing counter's key.
+const fencingSuffix = ":fencing"
+
 func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
-	a := acquireConfig{retry: c.cfg.retry}
+	a := acquireConfig{retry: c.cfg.retry, fencing: c.cfg.fencing}
 	for _, o := range opts {
 		if o == nil {
 			return a, invalidf("nil AcquireOption")
@@ -127,7 +168,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	if err != nil {
 		return nil, err
 	}
-	l, err := c.newLock(resources, ttl)
+	l, err := c.newLock(resources, ttl, a)
 	if err != nil {
 		return nil, err
 	}
@@ -162,10 +203,11 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 // ErrUnavailable when too many nodes failed), or, when ctx had ended, an
 // error matching ErrNotAcquired and ctx's cause.
 func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (*Lock, error) {
-	if _, err := c.acquireConfig(opts); err != nil {
+	a, err := c.acquireConfig(opts)
+	if err != nil {
 		return nil, err
 	}
-	l, err := c.newLock(resources, ttl)
+	l, err := c.newLock(resources, ttl, a)
 	if err != nil {
 		return nil, err
 	}
@@ -211,26 +253,47 @@ func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
 	l.inflight += len(c.nodes)
 	l.mu.Unlock()
 	start := time.Now()
+	fencing := "0"
+	if l.fencing {
+		fencing = "1"
+	}
 	rs := c.round(ctx, roundSpec{
-		call: func(ctx context.Context, n *node) (bool, error) {
-			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds()).Int()
-			return v == 1, err
+		call: func(ctx context.Context, n *node) (reply, error) {
+			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing).Slice()
+			return parseAcquire(v, err)
 		},
 		early: true,
 		late:  l.lateGrant,
 		done:  l.callDone,
 	})
+	var token uint64
+	for _, r := range rs {
+		if r.Outcome == OutcomeOK {
+			token = max(token, r.token)
+		}
+	}
+	var qerr *QuorumError
+	switch ok := count(rs, OutcomeOK); {
+	case ok < c.quorum:
+		qerr = c.quorumError("acquire", l.resources, rs, ErrNotAcquired)
+	case l.fencing:
+		// Record the token on a majority before handing out the lock, so
+		// that every later acquisition's quorum sees it.
+		if frs := c.fence(ctx, l, token); count(frs, OutcomeOK) < c.quorum {
+			qerr = c.quorumError("fence", l.resources, frs, ErrNotAcquired)
+		}
+	}
 	validity := ttl - time.Since(start) - c.drift(ttl)
-	ok := count(rs, OutcomeOK)
-	if ok >= c.quorum && validity >= time.Duration(float64(ttl)*c.cfg.minValidity) && validity > 0 {
+	if qerr == nil && validity >= time.Duration(float64(ttl)*c.cfg.minValidity) && validity > 0 {
 		l.mu.Lock()
 		l.state = stateHeld
 		l.until = start.Add(ttl - c.drift(ttl))
+		l.token = token
 		l.mu.Unlock()
 		return nil
 	}
-	qerr := c.quorumError("acquire", l.resources, rs, ErrNotAcquired)
-	if ok >= c.quorum {
+	if qerr == nil {
+		qerr = c.quorumError("acquire", l.resources, rs, ErrNotAcquired)
 		qerr.Validity = validity
 	}
 	// Undo the attempt everywhere, also where the answer was missing or
@@ -240,12 +303,45 @@ func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
 	return qerr
 }
 
+// parseAcquire reads the acquire script's reply {1, token} or {0, holder}.
+func parseAcquire(v []any, err error) (reply, error) {
+	if err != nil {
+		return reply{}, err
+	}
+	if len(v) != 2 {
+		return reply{}, fmt.Errorf("redlock: unexpected acquire reply %v", v)
+	}
+	if granted, _ := v[0].(int64); granted == 1 {
+		token, _ := v[1].(int64)
+		return reply{ok: true, token: uint64(token)}, nil
+	}
+	holder, _ := v[1].(string)
+	if len(holder) >= tokenLen {
+		holder = holder[tokenLen:] // never expose the other owner's token
+	} else {
+		holder = ""
+	}
+	return reply{holder: holder}, nil
+}
+
+// fence records token on the fencing counters of l on every node (see
+// fenceScript) and returns the round's results.
+func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult {
+	counters := l.keys[l.nlock:]
+	return c.round(ctx, roundSpec{
+		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
+			return fenceScript.Run(ctx, n.rdb, counters, token, c.cfg.fencingRetention.Milliseconds())
+		}, 1),
+		early: true,
+	})
+}
+
 // lateGrant handles an acquire answer that arrived after its round was
 // decided: a grant for an acquisition that has ended (failed or released)
 // is deleted at once; a grant for a pending or held lock belongs to it and
 // is deleted by the next failed round or Release.
-func (l *Lock) lateGrant(n *node, ok bool, err error) {
-	if err != nil || !ok {
+func (l *Lock) lateGrant(n *node, r reply, err error) {
+	if err != nil || !r.ok {
 		return
 	}
 	l.mu.Lock()
@@ -256,7 +352,7 @@ func (l *Lock) lateGrant(n *node, ok bool, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, n.rdb, l.keys, l.value).Err(); err != nil {
+	if err := releaseScript.Run(ctx, n.rdb, l.lockKeys(), l.value).Err(); err != nil {
 		l.c.log.Warn("redlock: cleanup of a late grant failed; the key expires with its TTL",
 			"resources", l.resources, "node", n.addr, "err", err)
 	}
@@ -295,11 +391,14 @@ func (l *Lock) callDone() {
 // landing just after the release cannot survive it on a node that answers.
 func (c *Client) releaseAll(ctx context.Context, l *Lock) []NodeResult {
 	l.waitAcquireCalls()
-	return c.round(ctx, roundSpec{call: func(ctx context.Context, n *node) (bool, error) {
-		v, err := releaseScript.Run(ctx, n.rdb, l.keys, l.value).Int()
-		return v == len(l.keys), err
-	}})
+	keys := l.lockKeys()
+	return c.round(ctx, roundSpec{call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
+		return releaseScript.Run(ctx, n.rdb, keys, l.value)
+	}, int64(len(keys)))})
 }
+
+// lockKeys returns the lock's keys without its fencing counters.
+func (l *Lock) lockKeys() []string { return l.keys[:l.nlock] }
 
 // Extend sets the TTL of every key of the lock to ttl on the nodes where all
 // of them still hold this lock's value (owner-checked in one script per
@@ -326,10 +425,9 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	l.waitAcquireCalls()
 	start := time.Now()
 	rs := c.round(ctx, roundSpec{
-		call: func(ctx context.Context, n *node) (bool, error) {
-			v, err := extendScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds()).Int()
-			return v == 1, err
-		},
+		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
+			return extendScript.Run(ctx, n.rdb, l.lockKeys(), l.value, ttl.Milliseconds())
+		}, 1),
 		early: true,
 	})
 	l.mu.Lock()

@@ -23,6 +23,9 @@ const (
 	// DefaultMaxRetryWait is how long the default retry policy keeps Acquire
 	// trying when ctx has no earlier deadline.
 	DefaultMaxRetryWait = 30 * time.Second
+	// DefaultFencingRetention is how long a fencing counter outlives the
+	// last fenced acquisition of its resource.
+	DefaultFencingRetention = 7 * 24 * time.Hour
 )
 
 // driftConstant is the fixed part of the clock drift allowance (redis.io
@@ -42,10 +45,15 @@ type config struct {
 	keyPrefix   string
 	retry       func() backoff.BackOff
 	logger      *slog.Logger
+
+	fencing          bool
+	fencingRetention time.Duration
 }
 
 type acquireConfig struct {
-	retry func() backoff.BackOff
+	retry    func() backoff.BackOff
+	fencing  bool
+	metadata string
 }
 
 type clientOption func(*config)
@@ -93,12 +101,15 @@ func WithLogger(l *slog.Logger) Option {
 	return clientOption(func(c *config) { c.logger = l })
 }
 
-// RetryOption is an option accepted both by New (the Client's default) and by
-// Acquire, TryAcquire and Do (for that call).
-type RetryOption struct{ factory func() backoff.BackOff }
+// SharedOption is an option accepted both by New (the Client's default) and
+// by Acquire, TryAcquire and Do (for that call).
+type SharedOption struct {
+	client  func(*config)
+	acquire func(*acquireConfig)
+}
 
-func (o RetryOption) applyClient(c *config)         { c.retry = o.factory }
-func (o RetryOption) applyAcquire(a *acquireConfig) { a.retry = o.factory }
+func (o SharedOption) applyClient(c *config)         { o.client(c) }
+func (o SharedOption) applyAcquire(a *acquireConfig) { o.acquire(a) }
 
 // WithRetry sets the retry policy of Acquire and Do: factory is called once
 // per call, so every call gets fresh state (never share one stateful
@@ -106,9 +117,49 @@ func (o RetryOption) applyAcquire(a *acquireConfig) { a.retry = o.factory }
 // attempt; backoff.Stop ends Acquire with the last round's error. The
 // policy's own clock governs its MaxElapsedTime. Default: DefaultRetry. A nil
 // factory is rejected (New, or the call).
-func WithRetry(factory func() backoff.BackOff) RetryOption {
-	return RetryOption{factory: factory}
+func WithRetry(factory func() backoff.BackOff) SharedOption {
+	return SharedOption{
+		client:  func(c *config) { c.retry = factory },
+		acquire: func(a *acquireConfig) { a.retry = factory },
+	}
 }
+
+// WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
+// numbers that strictly increase across successive holders of a resource,
+// for the protected resource to reject writes that carry an older token. It
+// costs one more quorum round per acquisition. Default off. docs/fencing.md
+// gives the design and its assumptions.
+func WithFencing(on bool) SharedOption {
+	return SharedOption{
+		client:  func(c *config) { c.fencing = on },
+		acquire: func(a *acquireConfig) { a.fencing = on },
+	}
+}
+
+// WithFencingRetention sets how long a resource's fencing counter is kept
+// after its last fenced acquisition (the counter keys' TTL, refreshed by
+// every fenced acquisition). Tokens stay monotonic while successive fenced
+// acquisitions of a resource are less than this apart. Default
+// DefaultFencingRetention (7 days); New rejects values below 1 s.
+func WithFencingRetention(d time.Duration) Option {
+	return clientOption(func(c *config) { c.fencingRetention = d })
+}
+
+// MaxMetadata is the largest metadata WithMetadata accepts, in bytes.
+const MaxMetadata = 1024
+
+// WithMetadata stores m beside the lock's owner token in every key of the
+// lock, written atomically with it: other clients see it as the holder's
+// metadata (NodeResult.Holder in a refused round, Client.Holder), e.g. an
+// identity or a trace context. It must not hold secrets. Default "";
+// at most MaxMetadata bytes.
+func WithMetadata(m string) AcquireOption {
+	return acquireOption(func(a *acquireConfig) { a.metadata = m })
+}
+
+type acquireOption func(*acquireConfig)
+
+func (f acquireOption) applyAcquire(a *acquireConfig) { f(a) }
 
 // DefaultRetry returns a fresh instance of the default retry policy:
 // exponential backoff from 25 ms, doubling up to 1 s between attempts, with
