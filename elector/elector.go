@@ -1,0 +1,332 @@
+package elector
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+
+	"github.com/schedlock/schedlock/redlock"
+)
+
+var _ gocron.Elector = (*Elector)(nil)
+
+// Sentinel errors; match them with errors.Is.
+var (
+	// ErrNotLeader is returned by IsLeader and Term when this candidate does
+	// not hold a valid lease.
+	ErrNotLeader = errors.New("elector: not the leader")
+	// ErrNoLeader is returned by Leader when no candidate holds the lease
+	// on a quorum of nodes.
+	ErrNoLeader = errors.New("elector: no leader")
+	// ErrRunning is returned by Run when Run is already running for this
+	// Elector.
+	ErrRunning = errors.New("elector: Run already running")
+)
+
+// Defaults of the options.
+const (
+	// DefaultLeaseTTL is the lease's TTL: how long a crashed leader blocks
+	// the election.
+	DefaultLeaseTTL = 10 * time.Second
+	// DefaultRetryPeriod is how often a candidate that is not leader tries
+	// to take the lease.
+	DefaultRetryPeriod = time.Second
+	// DefaultKeyPrefix starts the Redis key of every election (after the
+	// redlock Client's own prefix).
+	DefaultKeyPrefix = "schedlock:elector:"
+)
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	identity         string
+	ttl              time.Duration
+	renew            time.Duration
+	renewSet         bool
+	retry            time.Duration
+	prefix           string
+	logger           *slog.Logger
+	onStartedLeading func(ctx context.Context)
+	onStoppedLeading func()
+	onNewLeader      func(identity string)
+}
+
+// WithIdentity sets this candidate's identity, as reported by Leader and
+// OnNewLeader to every candidate. Default: "<hostname>-<pid>-<4 random hex
+// bytes>". At most redlock.MaxMetadata bytes; New rejects "".
+func WithIdentity(id string) Option { return func(c *config) { c.identity = id } }
+
+// WithLeaseTTL sets the lease TTL: a leader that crashes blocks the election
+// for at most this long; a leader that cannot renew steps down before it
+// ends. Default DefaultLeaseTTL (10 s); New rejects values below 30 ms.
+func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+
+// WithRenewInterval sets the time between lease renewals while leading.
+// Default: TTL/3. New rejects values <= 0 or above TTL/2 (the lease must
+// survive at least one failed renewal).
+func WithRenewInterval(d time.Duration) Option {
+	return func(c *config) { c.renew, c.renewSet = d, true }
+}
+
+// WithRetryPeriod sets how often a candidate that is not leader tries to
+// take the lease (with up to 10% random jitter); after a leader resigns,
+// another candidate leads within about this long. Default DefaultRetryPeriod
+// (1 s); New rejects values <= 0 or not below the TTL.
+func WithRetryPeriod(d time.Duration) Option { return func(c *config) { c.retry = d } }
+
+// WithKeyPrefix sets the prefix of the election's key. Default
+// DefaultKeyPrefix; "" is allowed.
+func WithKeyPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithLogger sets the logger for leadership changes and failed renewals.
+// Default: discard; nil means discard.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// OnStartedLeading sets a function run in its own goroutine each time this
+// candidate becomes leader. Its ctx is cancelled when leadership is lost
+// (before the lease's validity ends) or Run's ctx ends; it carries the
+// lease (redlock.FromContext) and the term (TermFromContext). Run waits for
+// it to return before it calls OnStoppedLeading or campaigns again.
+func OnStartedLeading(f func(ctx context.Context)) Option {
+	return func(c *config) { c.onStartedLeading = f }
+}
+
+// OnStoppedLeading sets a function called exactly once after each
+// leadership ends (loss, expiry or Run's end), after OnStartedLeading has
+// returned, on Run's goroutine.
+func OnStoppedLeading(f func()) Option {
+	return func(c *config) { c.onStoppedLeading = f }
+
+}
+
+// OnNewLeader sets a function called on Run's goroutine when the observed
+// leader changes: when this candidate becomes leader (with its own
+// identity), or when a campaign finds the lease held by another identity.
+// It must not block for long.
+func OnNewLeader(f func(identity string)) Option { return func(c *config) { c.onNewLeader = f } }
+
+// Elector campaigns for the leadership of one named election among all
+// candidates that use the same name and Redis nodes. Safe for concurrent
+// use; New starts nothing, Run does the work.
+type Elector struct {
+	client  *redlock.Client
+	name    string
+	res     string
+	cfg     config
+	log     *slog.Logger
+	running atomic.Bool
+
+	mu       sync.Mutex
+	lease    *redlock.Lock   // nil unless leading
+	leadCtx  context.Context // cancelled when leadership ends
+	observed string          // last leader identity reported to OnNewLeader
+}
+
+// New returns an Elector for the election name. It performs no I/O. Errors
+// match redlock.ErrInvalidArgument and name the bad values: a nil client,
+// an empty name, an empty or oversized identity, a TTL below 30 ms, a renew
+// interval not in (0, TTL/2], a retry period not in (0, TTL).
+func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) {
+	cfg := config{identity: defaultIdentity(), ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalidf("nil Option")
+		}
+		o(&cfg)
+	}
+	if !cfg.renewSet {
+		cfg.renew = cfg.ttl / 3
+	}
+	switch {
+	case client == nil:
+		return nil, invalidf("nil *redlock.Client")
+	case name == "":
+		return nil, invalidf("empty election name")
+	case cfg.identity == "":
+		return nil, invalidf("empty identity")
+	case len(cfg.identity) > redlock.MaxMetadata:
+		return nil, invalidf("identity of %d bytes exceeds %d", len(cfg.identity), redlock.MaxMetadata)
+	case cfg.ttl < 30*time.Millisecond:
+		return nil, invalidf("lease TTL %v is below 30ms", cfg.ttl)
+	case cfg.renew <= 0 || cfg.renew > cfg.ttl/2:
+		return nil, invalidf("renew interval %v is not in (0, TTL/2 = %v]: the lease must survive a failed renewal", cfg.renew, cfg.ttl/2)
+	case cfg.retry <= 0 || cfg.retry >= cfg.ttl:
+		return nil, invalidf("retry period %v is not in (0, lease TTL %v)", cfg.retry, cfg.ttl)
+	}
+	log := cfg.logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Elector{client: client, name: name, res: cfg.prefix + name, cfg: cfg, log: log}, nil
+}
+
+func defaultIdentity() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	var b [4]byte
+	_, _ = crand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: elector: "+format, append([]any{redlock.ErrInvalidArgument}, args...)...)
+}
+
+// Identity returns this candidate's identity.
+func (e *Elector) Identity() string { return e.cfg.identity }
+
+// IsLeader implements gocron.Elector (gocron.WithDistributedElector): nil
+// while this candidate leads and the lease's local validity deadline has
+// not passed, ErrNotLeader otherwise. It is O(1) and local: no network call.
+// ctx is not used.
+func (e *Elector) IsLeader(context.Context) error {
+	e.mu.Lock()
+	lease, lctx := e.lease, e.leadCtx
+	e.mu.Unlock()
+	if lease == nil || lctx.Err() != nil || !time.Now().Before(lease.Until()) {
+		return ErrNotLeader
+	}
+	return nil
+}
+
+// Term returns the current term while this candidate leads: a fencing token
+// of the lease, strictly greater than every earlier leader's term of this
+// election (see redlock.WithFencing). ErrNotLeader otherwise.
+func (e *Elector) Term() (uint64, error) {
+	e.mu.Lock()
+	lease := e.lease
+	e.mu.Unlock()
+	if err := e.IsLeader(context.Background()); err != nil {
+		return 0, err
+	}
+	return lease.FencingToken(), nil
+}
+
+type termKey struct{}
+
+// TermFromContext returns the term of the leadership whose OnStartedLeading
+// ctx is ctx (or an ancestor of it).
+func TermFromContext(ctx context.Context) (term uint64, ok bool) {
+	term, ok = ctx.Value(termKey{}).(uint64)
+	return term, ok
+}
+
+// Leader returns the identity of the current leader as seen by a quorum of
+// nodes, with one round of reads. Errors: ErrNoLeader when no candidate
+// holds the lease on a quorum; an error matching redlock.ErrUnavailable
+// when too many nodes failed.
+func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
+	id, held, err := e.client.Holder(ctx, e.res)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("elector %q: %w", e.name, err)
+	case !held:
+		return "", ErrNoLeader
+	}
+	return id, nil
+}
+
+// Run campaigns until ctx ends: it tries to take the lease every retry
+// period; as leader it renews the lease every renew interval and steps down
+// when renewal cannot reach a quorum before the lease's local deadline,
+// then campaigns again. When ctx ends it resigns (releases the lease, so
+// that another candidate leads within its retry period rather than after the
+// TTL), waits for its callbacks, and returns nil. It returns ErrRunning if
+// Run is already running for e. Nothing Run starts outlives it.
+func (e *Elector) Run(ctx context.Context) error {
+	if !e.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer e.running.Store(false)
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		lease, err := e.client.TryAcquire(ctx, []string{e.res}, e.cfg.ttl,
+			redlock.WithMetadata(e.cfg.identity), redlock.WithFencing(true))
+		if err == nil {
+			e.lead(ctx, lease)
+			continue
+		}
+		var qerr *redlock.QuorumError
+		if errors.As(err, &qerr) {
+			if holder, ok := qerr.Holder(); ok {
+				e.observe(holder)
+			}
+		}
+		if ctx.Err() == nil && !errors.Is(err, redlock.ErrNotAcquired) {
+			e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
+		}
+		wait := e.cfg.retry + rand.N(e.cfg.retry/10+1)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// lead runs one leadership: it keeps the lease until it is lost or ctx
+// ends, runs the callbacks, and releases the lease.
+func (e *Elector) lead(ctx context.Context, lease *redlock.Lock) {
+	term := lease.FencingToken()
+	lctx, stop := lease.Keep(context.WithValue(ctx, termKey{}, term), redlock.ExtendEvery(e.cfg.renew))
+	e.mu.Lock()
+	e.lease, e.leadCtx = lease, lctx
+	e.mu.Unlock()
+	e.log.Info("elector: leading", "election", e.name, "identity", e.cfg.identity, "term", term)
+	e.observe(e.cfg.identity)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if e.cfg.onStartedLeading != nil {
+			e.cfg.onStartedLeading(lctx)
+		}
+	}()
+	<-lctx.Done()
+	lost := stop()
+	e.mu.Lock()
+	e.lease, e.leadCtx = nil, nil
+	e.mu.Unlock()
+	<-done
+	if e.cfg.onStoppedLeading != nil {
+		e.cfg.onStoppedLeading()
+	}
+	// Resign, or clean up what is left of a lost lease.
+	rerr := lease.Release(context.WithoutCancel(ctx))
+	switch {
+	case lost != nil:
+		e.log.Warn("elector: leadership lost", "election", e.name, "term", term, "err", lost)
+	case rerr != nil:
+		e.log.Warn("elector: resign failed; the lease expires with its TTL", "election", e.name, "term", term, "err", rerr)
+	default:
+		e.log.Info("elector: resigned", "election", e.name, "term", term)
+	}
+}
+
+// observe reports a leader identity to OnNewLeader when it changed.
+func (e *Elector) observe(identity string) {
+	e.mu.Lock()
+	changed := identity != e.observed
+	e.observed = identity
+	e.mu.Unlock()
+	if changed && e.cfg.onNewLeader != nil {
+		e.cfg.onNewLeader(identity)
+	}
+}
