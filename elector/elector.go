@@ -54,6 +54,7 @@ type config struct {
 	ttl              time.Duration
 	renew            time.Duration
 	renewSet         bool
+	retrySet         bool
 	retry            time.Duration
 	prefix           string
 	logger           *slog.Logger
@@ -81,9 +82,12 @@ func WithRenewInterval(d time.Duration) Option {
 
 // WithRetryPeriod sets how often a candidate that is not leader tries to
 // take the lease (with up to 10% random jitter); after a leader resigns,
-// another candidate leads within about this long. Default DefaultRetryPeriod
-// (1 s); New rejects values <= 0 or not below the TTL.
-func WithRetryPeriod(d time.Duration) Option { return func(c *config) { c.retry = d } }
+// another candidate leads within about this long. Default: DefaultRetryPeriod
+// (1 s) or TTL/4, whichever is shorter; New rejects values <= 0 or not below
+// the TTL.
+func WithRetryPeriod(d time.Duration) Option {
+	return func(c *config) { c.retry, c.retrySet = d, true }
+}
 
 // WithKeyPrefix sets the prefix of the election's key. Default
 // DefaultKeyPrefix; "" is allowed.
@@ -147,6 +151,9 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 	}
 	if !cfg.renewSet {
 		cfg.renew = cfg.ttl / 3
+	}
+	if !cfg.retrySet {
+		cfg.retry = min(DefaultRetryPeriod, cfg.ttl/4)
 	}
 	switch {
 	case client == nil:
