@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"os"
 	"regexp"
 	"strconv"
 	"sync"
@@ -59,6 +61,7 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		resolution:  DefaultTickResolution,
 		prefix:      DefaultKeyPrefix,
 		lockTimeout: DefaultLockTimeout,
+		instance:    defaultInstance(),
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -77,6 +80,8 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, invalidf("tick resolution %v is below 1ms", cfg.resolution)
 	case cfg.lockTimeout <= 0:
 		return nil, invalidf("lock timeout %v is not positive", cfg.lockTimeout)
+	case cfg.instance == "" || len(cfg.instance) > redlock.MaxMetadata:
+		return nil, invalidf("instance ID %q is empty or longer than %d bytes", cfg.instance, redlock.MaxMetadata)
 	}
 	if cfg.clock == nil {
 		cfg.clock = clockwork.NewRealClock()
@@ -93,6 +98,15 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		resolutions: make(map[string]resolution),
 		warned:      make(map[string]bool),
 	}, nil
+}
+
+// defaultInstance returns "<hostname>-<pid>-<4 random hex bytes>".
+func defaultInstance() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	return fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
 }
 
 func invalidf(format string, args ...any) error {
@@ -154,11 +168,11 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	defer cancel()
 
 	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
-	marker, err := l.client.TryAcquire(lctx, []string{tickRes}, l.tickTTL())
+	marker, err := l.take(lctx, tickRes, l.tickTTL())
 	if err != nil {
 		return nil, l.lockError(key, tick, "tick", err)
 	}
-	run, err := l.client.TryAcquire(lctx, []string{l.cfg.prefix + "job:" + key}, l.cfg.ttl)
+	run, err := l.take(lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl)
 	if err != nil {
 		if !isHeld(err) || errors.Is(err, redlock.ErrUnavailable) {
 			// Not a busy job: give the tick back, another instance may
@@ -176,6 +190,48 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	return rl, nil
 }
 
+// take acquires resource for this instance. A round that no single holder
+// won — instances that fired at the same instant split the nodes between
+// them, and each undid its minority — is retried after a short random delay
+// until someone wins or lctx ends; a round lost to one holder with a
+// quorum, or to unavailable nodes, is final.
+func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) (*redlock.Lock, error) {
+	for {
+		lk, err := l.client.TryAcquire(lctx, []string{resource}, ttl, redlock.WithMetadata(l.cfg.instance))
+		if err == nil {
+			return lk, nil
+		}
+		var qerr *redlock.QuorumError
+		if !errors.As(err, &qerr) || errors.Is(err, redlock.ErrUnavailable) || wonByOne(qerr, l.client.Quorum()) {
+			return nil, err
+		}
+		t := time.NewTimer(time.Millisecond + rand.N(splitDelay))
+		select {
+		case <-lctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
+}
+
+// splitDelay bounds the random delay before retrying a split round.
+const splitDelay = 15 * time.Millisecond
+
+// wonByOne reports whether one holder refused the round on a quorum of
+// nodes: the resource is really taken.
+func wonByOne(qerr *redlock.QuorumError, quorum int) bool {
+	votes := map[string]int{}
+	for _, r := range qerr.Nodes {
+		if r.Outcome == redlock.OutcomeHeld {
+			if votes[r.Holder]++; votes[r.Holder] >= quorum {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // isHeld reports whether err is a round lost to another holder.
 func isHeld(err error) bool {
 	var qerr *redlock.QuorumError
@@ -188,9 +244,12 @@ func (l *Locker) lockError(job string, tick time.Time, what string, err error) e
 	case errors.Is(err, redlock.ErrUnavailable):
 		return fmt.Errorf("scheduler: job %q tick %s: redis unavailable: %w", job, tick.Format(time.RFC3339Nano), err)
 	case errors.Is(err, redlock.ErrNotAcquired) && isHeld(err):
-		reason := "tick already taken"
+		var qerr *redlock.QuorumError
+		errors.As(err, &qerr)
+		holder, _ := qerr.Holder()
+		reason := "tick already taken by " + holder
 		if what == "run" {
-			reason = "previous run still running"
+			reason = "previous run still running on " + holder
 		}
 		return fmt.Errorf("%w: job %q tick %s: %s: %w", ErrHeldElsewhere, job, tick.Format(time.RFC3339Nano), reason, err)
 	default:

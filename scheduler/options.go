@@ -40,7 +40,16 @@ type lockerConfig struct {
 	clock       clockwork.Clock
 	logger      *slog.Logger
 	onLost      func(job string, err error)
+	instance    string
 }
+
+// WithInstanceID sets the identity this Locker stores with its locks: other
+// instances' ErrHeldElsewhere errors name it, and it tells a split vote
+// (instances that fired at the same instant and each won a minority of
+// nodes, retried) from a tick really taken. It must differ between
+// instances. Default "<hostname>-<pid>-<random>"; NewLocker rejects "" and
+// IDs longer than redlock.MaxMetadata bytes.
+func WithInstanceID(id string) LockerOption { return func(c *lockerConfig) { c.instance = id } }
 
 // WithTTL sets the TTL of the lock a running job holds (extended every TTL/3
 // while it runs). A crashed instance blocks the job for at most this long.
