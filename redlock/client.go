@@ -72,6 +72,8 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		return nil, invalidf("nil retry policy factory")
 	case cfg.fencingRetention < time.Second:
 		return nil, invalidf("fencing retention %v is below 1s", cfg.fencingRetention)
+	case cfg.gate < 0 || (cfg.gate > 0 && cfg.gate < time.Millisecond):
+		return nil, invalidf("restart gate %v is negative or below 1ms", cfg.gate)
 	}
 	log := cfg.logger
 	if log == nil {
@@ -132,6 +134,7 @@ func (c *Client) checkTTL(ttl time.Duration) error {
 // and token carry what an acquire script returned.
 type reply struct {
 	ok     bool
+	gated  bool // acquire: the node is within its restart gate
 	holder string
 	token  uint64
 	value  string // full key value (Holder reads only)
@@ -195,6 +198,8 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 				r.Outcome = OutcomeTimeout
 			case err != nil:
 				r.Outcome = OutcomeError
+			case rep.gated:
+				r.Outcome = OutcomeGated
 			case !rep.ok:
 				r.Outcome = OutcomeHeld
 			}
@@ -268,7 +273,7 @@ func count(rs []NodeResult, o Outcome) int {
 // failures (errors and timeouts) do.
 func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sentinels ...error) *QuorumError {
 	n := len(rs)
-	failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout)
+	failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout) + count(rs, OutcomeGated)
 	if failed > n-c.quorum {
 		sentinels = append(sentinels, ErrUnavailable)
 	}

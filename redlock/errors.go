@@ -24,8 +24,8 @@ var (
 	// cause of the context that Do cancels when the lock is lost.
 	ErrLockLost = errors.New("redlock: lock lost")
 
-	// ErrUnavailable matches a round in which so many nodes failed (error or
-	// per-node timeout) that the outcome on a quorum is unknown: "Redis is
+	// ErrUnavailable matches a round in which so many nodes failed (error,
+	// per-node timeout, or restart gate) that the outcome on a quorum is unknown: "Redis is
 	// down" rather than "someone else holds the lock". A failed acquisition
 	// can match both ErrNotAcquired and ErrUnavailable. An Extend that fails
 	// this way leaves the lock valid until its unchanged Until().
@@ -58,6 +58,11 @@ const (
 	// OutcomeTimeout: the node did not answer within the per-node timeout
 	// (WithNodeTimeout), or the caller's context ended first.
 	OutcomeTimeout
+	// OutcomeGated: the node refused to vote because it is within its
+	// restart gate (WithRestartGating): it lost its data recently and may
+	// have granted locks it no longer remembers. Counts as a failure for
+	// ErrUnavailable.
+	OutcomeGated
 	// OutcomePending: the round was decided (quorum reached, or made
 	// impossible by the other answers) before this node answered. Its answer
 	// is handled when it arrives: a late grant of a failed acquisition is
@@ -65,7 +70,7 @@ const (
 	OutcomePending
 )
 
-// String returns "ok", "held", "error", "timeout" or "pending".
+// String returns "ok", "held", "error", "timeout", "gated" or "pending".
 func (o Outcome) String() string {
 	switch o {
 	case OutcomeOK:
@@ -76,6 +81,8 @@ func (o Outcome) String() string {
 		return "error"
 	case OutcomeTimeout:
 		return "timeout"
+	case OutcomeGated:
+		return "gated"
 	case OutcomePending:
 		return "pending"
 	}

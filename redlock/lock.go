@@ -126,6 +126,12 @@ func (c *Client) newLock(resources []string, ttl time.Duration, a acquireConfig)
 			keys = append(keys, k+fencingSuffix)
 		}
 	}
+	if c.cfg.gate > 0 {
+		if ttl > c.cfg.gate {
+			return nil, invalidf("TTL %v exceeds the restart gate's maximum TTL %v", ttl, c.cfg.gate)
+		}
+		keys = append(keys, c.cfg.keyPrefix+gateKey)
+	}
 	var b [tokenLen / 2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
 	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n,
@@ -134,6 +140,9 @@ func (c *Client) newLock(resources []string, ttl time.Duration, a acquireConfig)
 
 // fencingSuffix turns a lock key into its fencing counter's key.
 const fencingSuffix = ":fencing"
+
+// gateKey is the restart gate marker on each node (after the key prefix).
+const gateKey = "redlock:restart-gate"
 
 func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
 	a := acquireConfig{retry: c.cfg.retry, fencing: c.cfg.fencing}
@@ -259,7 +268,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
 	}
 	rs := c.round(ctx, roundSpec{
 		call: func(ctx context.Context, n *node) (reply, error) {
-			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing).Slice()
+			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds()).Slice()
 			return parseAcquire(v, err)
 		},
 		early: true,
@@ -311,9 +320,12 @@ func parseAcquire(v []any, err error) (reply, error) {
 	if len(v) != 2 {
 		return reply{}, fmt.Errorf("redlock: unexpected acquire reply %v", v)
 	}
-	if granted, _ := v[0].(int64); granted == 1 {
+	switch code, _ := v[0].(int64); code {
+	case 1:
 		token, _ := v[1].(int64)
 		return reply{ok: true, token: uint64(token)}, nil
+	case 2:
+		return reply{gated: true}, nil
 	}
 	holder, _ := v[1].(string)
 	if len(holder) >= tokenLen {
@@ -327,7 +339,7 @@ func parseAcquire(v []any, err error) (reply, error) {
 // fence records token on the fencing counters of l on every node (see
 // fenceScript) and returns the round's results.
 func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult {
-	counters := l.keys[l.nlock:]
+	counters := l.keys[l.nlock : 2*l.nlock]
 	return c.round(ctx, roundSpec{
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 			return fenceScript.Run(ctx, n.rdb, counters, token, c.cfg.fencingRetention.Milliseconds())

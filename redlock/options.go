@@ -48,6 +48,7 @@ type config struct {
 
 	fencing          bool
 	fencingRetention time.Duration
+	gate             time.Duration
 }
 
 type acquireConfig struct {
@@ -143,6 +144,24 @@ func WithFencing(on bool) SharedOption {
 // DefaultFencingRetention (7 days); New rejects values below 1 s.
 func WithFencingRetention(d time.Duration) Option {
 	return clientOption(func(c *config) { c.fencingRetention = d })
+}
+
+// WithRestartGating enforces the redis.io page's "delayed restarts": a node
+// that has lost its data (restarted without persistence, or flushed) does
+// not vote for any acquisition until maxTTL has passed since it was first
+// seen empty, so it cannot grant a lock that it had granted to someone else
+// before the restart. It applies to every client that uses the same nodes
+// with the same key prefix and this option. The gate marker is a key without
+// TTL on each node: a node that keeps its data (appendonly yes + appendfsync
+// always) keeps its marker and is not gated after a restart. Restarting from
+// an RDB snapshot restores a stale marker and defeats the gate: use AOF, or
+// no persistence at all.
+//
+// maxTTL must be at least every TTL used with this Client (longer TTLs are
+// rejected). On a brand-new node the first acquisitions also wait maxTTL.
+// Gated nodes show OutcomeGated. Default 0: off. New rejects negative values.
+func WithRestartGating(maxTTL time.Duration) Option {
+	return clientOption(func(c *config) { c.gate = maxTTL })
 }
 
 // MaxMetadata is the largest metadata WithMetadata accepts, in bytes.

@@ -19,11 +19,32 @@ import "github.com/redis/go-redis/v9"
 // largest fencing counter of the lock's resources on this node (KEYS[n+1..]),
 // else 0.
 //
+// With restart gating (ARGV[5] = the gate in ms, else "0") it first checks
+// the node's gate marker (the last KEY): a node without the marker has lost
+// its data (or is new); it stores the server time (TIME) there and refuses
+// with {2, ms left}, and keeps refusing until the gate has passed since then
+// (redis.io distlock spec, "Performance, crash recovery and fsync": delayed
+// restarts). The marker has no TTL, so a node that keeps its data
+// (appendonly + fsync always) is never gated again.
+//
 // KEYS[1..n] are the lock keys, KEYS[n+1..2n] the fencing counters (with
-// fencing only); ARGV[1] is the lock value, ARGV[2] the TTL in ms, ARGV[3]
-// is n.
+// fencing only), then the gate marker (with gating only); ARGV[1] is the
+// lock value, ARGV[2] the TTL in ms, ARGV[3] is n.
 var acquireScript = redis.NewScript(`
 local n = tonumber(ARGV[3])
+if ARGV[5] ~= '0' then
+  local gate = tonumber(ARGV[5])
+  local gk = KEYS[#KEYS]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local since = redis.call('GET', gk)
+  if not since then
+    redis.call('SET', gk, now)
+    return {2, gate}
+  end
+  local waited = now - (tonumber(since) or 0)
+  if waited < gate then return {2, gate - waited} end
+end
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
   if v and v ~= ARGV[1] then return {0, v} end
@@ -33,7 +54,7 @@ for i = 1, n do
 end
 local token = 0
 if ARGV[4] == '1' then
-  for i = n + 1, #KEYS do
+  for i = n + 1, 2 * n do
     local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
     if c > token then token = c end
   end
