@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/schedlock/schedlock/tracing"
 )
 
 // Client acquires locks on a fixed set of independent Redis nodes. It is
@@ -23,6 +26,7 @@ type Client struct {
 	quorum int
 	cfg    config
 	log    *slog.Logger
+	tel    *telemetry
 }
 
 type node struct {
@@ -79,7 +83,11 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &Client{nodes: make([]node, len(nodes)), quorum: len(nodes)/2 + 1, cfg: cfg, log: log}
+	tel, err := newTelemetry(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("redlock: telemetry: %w", err)
+	}
+	c := &Client{nodes: make([]node, len(nodes)), quorum: len(nodes)/2 + 1, cfg: cfg, log: log, tel: tel}
 	seen := make(map[string]int, len(nodes))
 	for i, rdb := range nodes {
 		if rdb == nil || (reflect.ValueOf(rdb).Kind() == reflect.Pointer && reflect.ValueOf(rdb).IsNil()) {
@@ -138,6 +146,8 @@ type reply struct {
 	holder string
 	token  uint64
 	value  string // full key value (Holder reads only)
+
+	traceparent string // acquire: the refusing holder's trace context
 }
 
 // nodeCall runs one script on one node.
@@ -163,10 +173,13 @@ type roundState struct {
 
 // roundSpec describes one quorum round.
 type roundSpec struct {
-	call  nodeCall
-	early bool                              // decide as soon as the outcome is known
-	late  func(n *node, r reply, err error) // optional: an answer after the decision
-	done  func()                            // optional: after each node's call and late handling
+	op      string        // for telemetry: acquire, fence, extend, release, holder
+	attempt int           // acquire rounds: 1-based attempt number
+	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
+	call    nodeCall
+	early   bool                              // decide as soon as the outcome is known
+	late    func(n *node, r reply, err error) // optional: an answer after the decision
+	done    func()                            // optional: after each node's call and late handling
 }
 
 // round sends call to every node in parallel and waits until every node has
@@ -175,7 +188,23 @@ type roundSpec struct {
 // impossible. Nodes with no answer by then count as OutcomeTimeout, or
 // OutcomePending when the round was decided early. The results are in node
 // order.
-func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
+func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResult) {
+	ctx, span := c.tel.startRound(ctx, spec.op, spec.attempt, len(c.nodes), c.quorum)
+	begin := time.Now()
+	defer func() {
+		took := time.Since(begin)
+		outcome := roundOutcome(spec.op, results, c.quorum)
+		if spec.op == "acquire" && outcome == tracing.OutcomeGranted {
+			validity := spec.ttl - took - c.drift(spec.ttl)
+			if span.IsRecording() {
+				span.SetAttributes(tracing.ValidityMillis.Float64(float64(validity.Microseconds()) / 1000))
+			}
+			if validity < time.Duration(float64(spec.ttl)*c.cfg.minValidity) || validity <= 0 {
+				outcome = tracing.OutcomeWeak
+			}
+		}
+		c.tel.endRound(ctx, span, spec.op, results, c.quorum, took, outcome)
+	}()
 	n := len(c.nodes)
 	rs := &roundState{results: make([]NodeResult, n), decided: make(chan struct{})}
 	for i := range rs.results {
@@ -189,10 +218,17 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 				defer spec.done()
 			}
 			cctx, cancel := context.WithTimeout(ctx, c.cfg.nodeTimeout)
+			cctx, nspan := c.tel.nodeSpan(cctx, nd, spec.op)
 			rep, err := spec.call(cctx, nd)
 			cancel()
+			if nspan != nil {
+				if err != nil {
+					nspan.SetStatus(codes.Error, err.Error())
+				}
+				nspan.End()
+			}
 			r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(start),
-				Holder: rep.holder, token: rep.token, value: rep.value}
+				Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent}
 			switch {
 			case err != nil && isTimeout(err):
 				r.Outcome = OutcomeTimeout
@@ -291,7 +327,7 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 		return "", false, invalidf("empty resource")
 	}
 	key := c.cfg.keyPrefix + resource
-	rs := c.round(ctx, roundSpec{call: func(ctx context.Context, n *node) (reply, error) {
+	rs := c.round(ctx, roundSpec{op: "holder", call: func(ctx context.Context, n *node) (reply, error) {
 		v, err := n.rdb.Get(ctx, key).Result()
 		if errors.Is(err, redis.Nil) {
 			return reply{ok: true}, nil
@@ -300,9 +336,9 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 	}})
 	votes := map[string]int{}
 	for _, r := range rs {
-		if r.Outcome == OutcomeOK && len(r.value) >= tokenLen {
+		if _, md, ok := splitValue(r.value); r.Outcome == OutcomeOK && ok {
 			if votes[r.value]++; votes[r.value] >= c.quorum {
-				return r.value[tokenLen:], true, nil
+				return md, true, nil
 			}
 		}
 	}

@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/schedlock/schedlock/tracing"
 )
 
 // Do acquires the lock as Acquire does, runs fn while the lock is held, and
@@ -27,6 +31,8 @@ import (
 // has ended when Do returns, apart from node calls abandoned at their
 // per-node timeout (see WithNodeTimeout).
 func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
+	ctx, span := c.tel.startOp(ctx, tracing.SpanDo, resources, ttl)
+	defer func() { endOp(span, err) }()
 	if fn == nil {
 		return invalidf("nil fn")
 	}
@@ -132,7 +138,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 		case <-t.C:
 		}
 		if !time.Now().Before(deadline) {
-			return l.lose(cancel, fmt.Errorf("%w: %q: no extension reached a quorum before %v", ErrLockLost, l.resources, deadline))
+			return l.lose(ctx, cancel, fmt.Errorf("%w: %q: no extension reached a quorum before %v", ErrLockLost, l.resources, deadline))
 		}
 		// Extend in its own goroutine so that the deadline holds even while
 		// nodes hang: the round itself is bounded by the node timeout.
@@ -146,13 +152,13 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 			case err == nil:
 				next = l.Until().Add(every - ttl)
 			case errors.Is(err, ErrLockLost):
-				return l.lose(cancel, err)
+				return l.lose(ctx, cancel, err)
 			default:
 				l.c.log.Debug("redlock: extension failed; retrying", "resources", l.resources, "err", err)
 				next = time.Now().Add(retry)
 			}
 		case <-dt.C:
-			err := l.lose(cancel, fmt.Errorf("%w: %q: extension did not finish before %v", ErrLockLost, l.resources, deadline))
+			err := l.lose(ctx, cancel, fmt.Errorf("%w: %q: extension did not finish before %v", ErrLockLost, l.resources, deadline))
 			<-res
 			return err
 		case <-stop:
@@ -164,12 +170,13 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 }
 
 // lose marks l lost, cancels fn's ctx with err and logs it.
-func (l *Lock) lose(cancel context.CancelCauseFunc, err error) error {
+func (l *Lock) lose(ctx context.Context, cancel context.CancelCauseFunc, err error) error {
 	l.mu.Lock()
 	if l.state == stateHeld {
-		l.state = stateLost
+		l.setStateLocked(ctx, stateLost)
 	}
 	l.mu.Unlock()
+	trace.SpanFromContext(ctx).AddEvent(tracing.EventLockLost)
 	cancel(err)
 	l.c.log.Warn("redlock: lock lost while work was running", "resources", l.resources, "err", err)
 	return err

@@ -110,6 +110,8 @@ type NodeResult struct {
 
 	token uint64 // fencing token proposed by the node (acquire with fencing)
 	value string // the key's value (Holder only; never leaves the package)
+
+	traceparent string // acquire: the refusing holder's trace context
 }
 
 // QuorumError describes a quorum round that did not succeed, with every

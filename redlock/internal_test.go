@@ -25,7 +25,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := c.newLock([]string{"r"}, 10*time.Second, acquireConfig{})
+	l, err := c.newLock(context.Background(), []string{"r"}, 10*time.Second, acquireConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 		}
 		m.SetTTL("r", time.Second)
 	}
-	if qerr := c.attempt(context.Background(), l); qerr != nil {
+	if qerr := c.attempt(context.Background(), l, 1); qerr != nil {
 		t.Fatalf("attempt over our own keys = %v, want granted", qerr)
 	}
 	l.waitAcquireCalls()

@@ -11,6 +11,10 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/schedlock/schedlock/tracing"
 )
 
 // Lock is a lock held on a quorum of nodes, as returned by Acquire and
@@ -21,7 +25,7 @@ type Lock struct {
 	resources []string
 	keys      []string // lock keys, then (with fencing) the fencing counters
 	nlock     int      // number of lock keys
-	value     string   // owner token (32 hex digits) + metadata
+	value     string   // owner token, trace context, metadata (see buildValue)
 	fencing   bool
 	token     uint64 // fencing token, set once held
 
@@ -31,6 +35,7 @@ type Lock struct {
 	until    time.Time
 	inflight int           // acquire calls not yet finished (see waitIdle)
 	idle     chan struct{} // closed when inflight drops to 0
+	granted  time.Time     // when the lock was first held (hold duration metric)
 }
 
 type lockState int
@@ -69,11 +74,36 @@ func (l *Lock) Metadata() string {
 	if l == nil {
 		return ""
 	}
-	return l.value[tokenLen:]
+	_, md, _ := splitValue(l.value)
+	return md
 }
 
 // tokenLen is the length of the owner token at the start of a lock value.
 const tokenLen = 32
+
+// buildValue lays out a lock value: the owner token (32 hex digits), then
+// "T" and the W3C traceparent of the acquiring span (55 characters) or "-"
+// when there is none, then the metadata. Other clients read the trace
+// context and metadata of a holder from a refused round; the owner token
+// never leaves this package.
+func buildValue(token, tp, metadata string) string {
+	if tp == "" {
+		return token + "-" + metadata
+	}
+	return token + "T" + tp + metadata
+}
+
+// splitValue returns the trace context and metadata of a lock value; ok is
+// false for a value not written by this package.
+func splitValue(v string) (tp, metadata string, ok bool) {
+	switch {
+	case len(v) > tokenLen && v[tokenLen] == '-':
+		return "", v[tokenLen+1:], true
+	case len(v) >= tokenLen+1+traceparentLen && v[tokenLen] == 'T':
+		return v[tokenLen+1 : tokenLen+1+traceparentLen], v[tokenLen+1+traceparentLen:], true
+	}
+	return "", "", false
+}
 
 // Until returns the local validity deadline: the start of the last
 // successful acquire or extend round + TTL - drift, on this process's
@@ -100,7 +130,7 @@ func (l *Lock) TTL() time.Duration {
 
 // newLock validates resources and ttl and prepares an acquisition with a new
 // random value.
-func (c *Client) newLock(resources []string, ttl time.Duration, a acquireConfig) (*Lock, error) {
+func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Duration, a acquireConfig) (*Lock, error) {
 	if err := c.checkTTL(ttl); err != nil {
 		return nil, err
 	}
@@ -134,8 +164,9 @@ func (c *Client) newLock(resources []string, ttl time.Duration, a acquireConfig)
 	}
 	var b [tokenLen / 2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	value := buildValue(hex.EncodeToString(b[:]), traceparent(trace.SpanContextFromContext(ctx)), a.metadata)
 	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n,
-		value: hex.EncodeToString(b[:]) + a.metadata, fencing: a.fencing, ttl: ttl}, nil
+		value: value, fencing: a.fencing, ttl: ttl}, nil
 }
 
 // fencingSuffix turns a lock key into its fencing counter's key.
@@ -172,58 +203,82 @@ func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
 // matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
 // ErrUnavailable when too many nodes failed, and ctx's cause when ctx ended.
 // Safe for concurrent use. (redis.io distlock spec, steps 1-5.)
-func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (*Lock, error) {
+func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (l *Lock, err error) {
+	ctx, span := c.tel.startOp(ctx, tracing.SpanAcquire, resources, ttl)
+	start := time.Now()
+	attempts := 0
+	defer func() { c.endAcquire(ctx, span, start, attempts, l, err) }()
 	a, err := c.acquireConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	l, err := c.newLock(resources, ttl, a)
+	l, err = c.newLock(ctx, resources, ttl, a)
 	if err != nil {
 		return nil, err
 	}
 	policy := a.retry()
 	policy.Reset()
 	var last *QuorumError
-	for attempt := 1; ; attempt++ {
+	for attempts = 1; ; attempts++ {
 		if ctx.Err() != nil {
-			return nil, l.fail(ctx, attempt-1, last)
+			attempts--
+			return nil, l.fail(ctx, attempts, last)
 		}
-		last = c.attempt(ctx, l)
+		last = c.attempt(ctx, l, attempts)
 		if last == nil {
 			return l, nil
 		}
 		d := policy.NextBackOff()
 		if d == backoff.Stop {
 			l.abandon()
-			return nil, fmt.Errorf("redlock: retry policy gave up after %d attempts: %w", attempt, last)
+			return nil, fmt.Errorf("redlock: retry policy gave up after %d attempts: %w", attempts, last)
 		}
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, l.fail(ctx, attempt, last)
+			return nil, l.fail(ctx, attempts, last)
 		}
 	}
+}
+
+// endAcquire records an Acquire or TryAcquire call's outcome on its span
+// and metrics.
+func (c *Client) endAcquire(ctx context.Context, span trace.Span, start time.Time, attempts int, l *Lock, err error) {
+	outcome, _ := classify(err)
+	c.tel.acquireDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(tracing.Outcome.String(outcome)))
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Attempts.Int(attempts))
+		if err == nil && l.fencing {
+			span.SetAttributes(tracing.FencingToken.Int64(int64(l.token)))
+		}
+	}
+	endOp(span, err)
 }
 
 // TryAcquire is Acquire with exactly one quorum round and no retry. On
 // failure it returns a *QuorumError (matching ErrNotAcquired, and
 // ErrUnavailable when too many nodes failed), or, when ctx had ended, an
 // error matching ErrNotAcquired and ctx's cause.
-func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (*Lock, error) {
+func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (l *Lock, err error) {
+	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)
+	start := time.Now()
+	attempts := 0
+	defer func() { c.endAcquire(ctx, span, start, attempts, l, err) }()
 	a, err := c.acquireConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	l, err := c.newLock(resources, ttl, a)
+	l, err = c.newLock(ctx, resources, ttl, a)
 	if err != nil {
 		return nil, err
 	}
 	if ctx.Err() != nil {
 		return nil, l.fail(ctx, 0, nil)
 	}
-	if qerr := c.attempt(ctx, l); qerr != nil {
+	attempts = 1
+	if qerr := c.attempt(ctx, l, 1); qerr != nil {
 		if ctx.Err() != nil {
 			return nil, l.fail(ctx, 1, qerr)
 		}
@@ -252,8 +307,9 @@ func (l *Lock) abandon() {
 	l.mu.Unlock()
 }
 
-// attempt runs one acquire round for l and returns nil when l is now held.
-func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
+// attempt runs acquire round number n for l and returns nil when l is now
+// held.
+func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	ttl := l.ttl
 	l.mu.Lock()
 	if l.inflight == 0 {
@@ -267,6 +323,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
 		fencing = "1"
 	}
 	rs := c.round(ctx, roundSpec{
+		op: "acquire", attempt: n, ttl: ttl,
 		call: func(ctx context.Context, n *node) (reply, error) {
 			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds()).Slice()
 			return parseAcquire(v, err)
@@ -298,7 +355,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock) *QuorumError {
 		l.state = stateHeld
 		l.until = start.Add(ttl - c.drift(ttl))
 		l.token = token
+		l.granted = time.Now()
 		l.mu.Unlock()
+		c.tel.held.Add(ctx, 1)
 		return nil
 	}
 	if qerr == nil {
@@ -327,13 +386,9 @@ func parseAcquire(v []any, err error) (reply, error) {
 	case 2:
 		return reply{gated: true}, nil
 	}
-	holder, _ := v[1].(string)
-	if len(holder) >= tokenLen {
-		holder = holder[tokenLen:] // never expose the other owner's token
-	} else {
-		holder = ""
-	}
-	return reply{holder: holder}, nil
+	value, _ := v[1].(string)
+	tp, holder, _ := splitValue(value) // never expose the other owner's token
+	return reply{holder: holder, traceparent: tp}, nil
 }
 
 // fence records token on the fencing counters of l on every node (see
@@ -341,6 +396,7 @@ func parseAcquire(v []any, err error) (reply, error) {
 func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult {
 	counters := l.keys[l.nlock : 2*l.nlock]
 	return c.round(ctx, roundSpec{
+		op: "fence",
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 			return fenceScript.Run(ctx, n.rdb, counters, token, c.cfg.fencingRetention.Milliseconds())
 		}, 1),
@@ -404,7 +460,7 @@ func (l *Lock) callDone() {
 func (c *Client) releaseAll(ctx context.Context, l *Lock) []NodeResult {
 	l.waitAcquireCalls()
 	keys := l.lockKeys()
-	return c.round(ctx, roundSpec{call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
+	return c.round(ctx, roundSpec{op: "release", call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 		return releaseScript.Run(ctx, n.rdb, keys, l.value)
 	}, int64(len(keys)))})
 }
@@ -423,10 +479,21 @@ func (l *Lock) lockKeys() []string { return l.keys[:l.nlock] }
 // lock then stays valid until its unchanged Until (a node's failure never
 // releases the lock elsewhere). Bounded by the node timeout; ctx can end it
 // sooner.
-func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
+func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend on a nil *Lock")
 	}
+	ctx, span := l.c.tel.startOp(ctx, tracing.SpanExtend, l.resources, ttl)
+	defer func() {
+		if err != nil {
+			l.c.tel.extendFailed.Add(ctx, 1)
+		}
+		endOp(span, err)
+	}()
+	return l.extend(ctx, ttl)
+}
+
+func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	c := l.c
 	if err := c.checkTTL(ttl); err != nil {
 		return err
@@ -437,6 +504,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	l.waitAcquireCalls()
 	start := time.Now()
 	rs := c.round(ctx, roundSpec{
+		op: "extend",
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 			return extendScript.Run(ctx, n.rdb, l.lockKeys(), l.value, ttl.Milliseconds())
 		}, 1),
@@ -450,14 +518,14 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if count(rs, OutcomeOK) >= c.quorum {
 		until := start.Add(ttl - c.drift(ttl))
 		if !time.Now().Before(until) {
-			l.state = stateLost
+			l.setStateLocked(ctx, stateLost)
 			return fmt.Errorf("%w: %q extended too slowly (validity ended at %v)", ErrLockLost, l.resources, until)
 		}
 		l.until, l.ttl = until, ttl
 		return nil
 	}
 	if count(rs, OutcomeHeld) > len(rs)-c.quorum {
-		l.state = stateLost
+		l.setStateLocked(ctx, stateLost)
 		return c.quorumError("extend", l.resources, rs, ErrLockLost)
 	}
 	return c.quorumError("extend", l.resources, rs)
@@ -474,10 +542,24 @@ func (l *Lock) checkHeld() error {
 		return fmt.Errorf("%w: %q", ErrLockLost, l.resources)
 	}
 	if !time.Now().Before(l.until) {
-		l.state = stateLost
+		l.setStateLocked(context.Background(), stateLost)
 		return fmt.Errorf("%w: %q validity ended at %v", ErrLockLost, l.resources, l.until)
 	}
 	return nil
+}
+
+// setStateLocked moves l to state to, with l.mu held, and records the end
+// of a hold in the metrics when l leaves stateHeld.
+func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
+	if l.state == stateHeld && to != stateHeld {
+		t := l.c.tel
+		t.held.Add(ctx, -1)
+		t.holdDur.Record(ctx, time.Since(l.granted).Seconds())
+		if to == stateLost || !time.Now().Before(l.until) {
+			t.lost.Add(ctx, 1)
+		}
+	}
+	l.state = to
 }
 
 // Release deletes the lock's keys on every node where they still hold this
@@ -491,13 +573,15 @@ func (l *Lock) checkHeld() error {
 // it (its keys are deleted anyway); a *QuorumError matching ErrUnavailable
 // when too many nodes failed (their keys expire with the TTL). Calling
 // Release twice returns ErrLockLost the second time.
-func (l *Lock) Release(ctx context.Context) error {
+func (l *Lock) Release(ctx context.Context) (err error) {
 	if l == nil {
 		return invalidf("Release on a nil *Lock")
 	}
+	ctx, span := l.c.tel.startOp(ctx, tracing.SpanRelease, l.resources, 0)
+	defer func() { endOp(span, err) }()
 	l.mu.Lock()
 	prev, until := l.state, l.until
-	l.state = stateReleased
+	l.setStateLocked(ctx, stateReleased)
 	l.mu.Unlock()
 	if prev == stateReleased {
 		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)

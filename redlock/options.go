@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults. Each option's doc says what zero means.
@@ -49,6 +51,11 @@ type config struct {
 	fencing          bool
 	fencingRetention time.Duration
 	gate             time.Duration
+
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	hideResources  bool
+	nodeSpans      bool
 }
 
 type acquireConfig struct {

@@ -1,0 +1,297 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/schedlock/schedlock/tracing"
+)
+
+// WithTracerProvider sets the OpenTelemetry tracer provider. Default: the
+// global provider (otel.GetTracerProvider), which records nothing until the
+// application installs an SDK. nil means the default.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return clientOption(func(c *config) { c.tracerProvider = tp })
+}
+
+// WithMeterProvider sets the OpenTelemetry meter provider. Default: the
+// global provider. nil means the default.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return clientOption(func(c *config) { c.meterProvider = mp })
+}
+
+// WithHiddenResources keeps resource names out of spans (for names that
+// carry personal data). Default false: resource names are recorded. The lock
+// value is never recorded.
+func WithHiddenResources(hide bool) Option {
+	return clientOption(func(c *config) { c.hideResources = hide })
+}
+
+// WithNodeSpans adds one CLIENT span per node call under each round span,
+// following the OpenTelemetry database conventions (db.system.name=redis,
+// db.operation.name, server.address, server.port). Default false: per-node
+// detail is recorded as attributes of the round span, and go-redis's own
+// instrumentation (redisotel), if installed, already emits a span per
+// command.
+func WithNodeSpans(on bool) Option {
+	return clientOption(func(c *config) { c.nodeSpans = on })
+}
+
+// telemetry holds the Client's tracer and instruments.
+type telemetry struct {
+	tracer        trace.Tracer
+	hideResources bool
+	nodeSpans     bool
+
+	acquireDur, roundDur, holdDur  metric.Float64Histogram
+	contention, lost, extendFailed metric.Int64Counter
+	nodeErrors                     metric.Int64Counter
+	held                           metric.Int64UpDownCounter
+}
+
+func newTelemetry(cfg config) (*telemetry, error) {
+	tp, mp := cfg.tracerProvider, cfg.meterProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	t := &telemetry{
+		tracer:        tp.Tracer(tracing.ScopeRedlock, trace.WithInstrumentationVersion(tracing.Version)),
+		hideResources: cfg.hideResources,
+		nodeSpans:     cfg.nodeSpans,
+	}
+	m := mp.Meter(tracing.ScopeRedlock, metric.WithInstrumentationVersion(tracing.Version))
+	buckets := metric.WithExplicitBucketBoundaries(tracing.DurationBuckets...)
+	var err, e error
+	t.acquireDur, e = m.Float64Histogram(tracing.MetricAcquireDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Time from an Acquire or TryAcquire call to its result."))
+	err = errors.Join(err, e)
+	t.roundDur, e = m.Float64Histogram(tracing.MetricRoundDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Duration of one quorum round."))
+	err = errors.Join(err, e)
+	t.holdDur, e = m.Float64Histogram(tracing.MetricHoldDuration, metric.WithUnit("s"), buckets,
+		metric.WithDescription("Time from a grant to its release or loss."))
+	err = errors.Join(err, e)
+	t.contention, e = m.Int64Counter(tracing.MetricContention, metric.WithUnit("{round}"),
+		metric.WithDescription("Acquire rounds refused by another holder."))
+	err = errors.Join(err, e)
+	t.lost, e = m.Int64Counter(tracing.MetricLost, metric.WithUnit("{lock}"),
+		metric.WithDescription("Locks lost while held."))
+	err = errors.Join(err, e)
+	t.extendFailed, e = m.Int64Counter(tracing.MetricExtendFailures, metric.WithUnit("{call}"),
+		metric.WithDescription("Extend calls that failed."))
+	err = errors.Join(err, e)
+	t.nodeErrors, e = m.Int64Counter(tracing.MetricNodeErrors, metric.WithUnit("{call}"),
+		metric.WithDescription("Node calls that failed or timed out."))
+	err = errors.Join(err, e)
+	t.held, e = m.Int64UpDownCounter(tracing.MetricHeld, metric.WithUnit("{lock}"),
+		metric.WithDescription("Locks held by this process."))
+	err = errors.Join(err, e)
+	return t, err
+}
+
+// startOp starts an operation span.
+func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	if span.IsRecording() {
+		if !t.hideResources {
+			span.SetAttributes(tracing.Resources.StringSlice(resources))
+		}
+		if ttl > 0 {
+			span.SetAttributes(tracing.TTL.Int64(ttl.Milliseconds()))
+		}
+	}
+	return ctx, span
+}
+
+// endOp ends an operation span with the outcome of err: contention leaves
+// the status unset, real failures set status Error and error.type.
+func endOp(span trace.Span, err error) {
+	outcome, errType := classify(err)
+	span.SetAttributes(tracing.Outcome.String(outcome))
+	if errType != "" {
+		span.SetAttributes(semconv.ErrorTypeKey.String(errType))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// classify maps an operation's error to an outcome and, for real failures,
+// an error.type.
+func classify(err error) (outcome, errType string) {
+	switch {
+	case err == nil:
+		return tracing.OutcomeGranted, ""
+	case errors.Is(err, ErrInvalidArgument):
+		return tracing.OutcomeInvalid, tracing.ErrorTypeInvalid
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return tracing.OutcomeCanceled, ""
+	case errors.Is(err, ErrUnavailable):
+		return tracing.OutcomeUnavailable, tracing.ErrorTypeUnavailable
+	case errors.Is(err, ErrLockLost):
+		return tracing.OutcomeLost, tracing.ErrorTypeLockLost
+	case errors.Is(err, ErrNotAcquired):
+		var qerr *QuorumError
+		if errors.As(err, &qerr) && qerr.Validity != 0 {
+			return tracing.OutcomeWeak, ""
+		}
+		return tracing.OutcomeContended, ""
+	}
+	return "error", tracing.ErrorTypeOther
+}
+
+// startRound starts a round span as a child of ctx's span.
+func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, quorum int) (context.Context, trace.Span) {
+	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, trace.WithSpanKind(trace.SpanKindInternal))
+	if span.IsRecording() {
+		span.SetAttributes(
+			tracing.RoundOp.String(op),
+			tracing.Nodes.Int(nodes),
+			tracing.Quorum.Int(quorum),
+		)
+		if attempt > 0 {
+			span.SetAttributes(tracing.RoundAttempt.Int(attempt))
+		}
+	}
+	return ctx, span
+}
+
+// endRound records a round's votes, per-node detail, links to the holders
+// that refused it, and its duration, then ends its span.
+func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs []NodeResult, quorum int, took time.Duration, outcome string) {
+	for _, r := range rs {
+		if r.Outcome == OutcomeError || r.Outcome == OutcomeTimeout {
+			t.nodeErrors.Add(ctx, 1, metric.WithAttributes(semconv.ServerAddressKey.String(r.Addr),
+				tracing.Outcome.String(r.Outcome.String())))
+		}
+	}
+	if op == "acquire" && outcome == tracing.OutcomeContended {
+		t.contention.Add(ctx, 1)
+	}
+	t.roundDur.Record(ctx, took.Seconds(), metric.WithAttributes(tracing.RoundOp.String(op), tracing.Outcome.String(outcome)))
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	addrs := make([]string, len(rs))
+	outcomes := make([]string, len(rs))
+	lat := make([]float64, len(rs))
+	linked := map[string]bool{}
+	for i, r := range rs {
+		addrs[i], outcomes[i], lat[i] = r.Addr, r.Outcome.String(), float64(r.Latency.Microseconds())/1000
+		if r.Outcome == OutcomeHeld && r.traceparent != "" && !linked[r.traceparent] {
+			linked[r.traceparent] = true
+			if sc, ok := parseTraceparent(r.traceparent); ok {
+				span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{tracing.Holder.String(r.Holder)}})
+			}
+		}
+	}
+	span.SetAttributes(
+		tracing.VotesOK.Int(count(rs, OutcomeOK)),
+		tracing.VotesHeld.Int(count(rs, OutcomeHeld)),
+		tracing.VotesError.Int(count(rs, OutcomeError)),
+		tracing.VotesTimeout.Int(count(rs, OutcomeTimeout)),
+		tracing.VotesGated.Int(count(rs, OutcomeGated)),
+		tracing.VotesPending.Int(count(rs, OutcomePending)),
+		tracing.NodeAddresses.StringSlice(addrs),
+		tracing.NodeOutcomes.StringSlice(outcomes),
+		tracing.NodeLatencies.Float64Slice(lat),
+		tracing.Outcome.String(outcome),
+	)
+	for _, r := range rs {
+		if r.Outcome == OutcomeHeld && r.Holder != "" {
+			span.SetAttributes(tracing.Holder.String(r.Holder))
+			break
+		}
+	}
+	if outcome == tracing.OutcomeUnavailable || outcome == tracing.OutcomeLost {
+		errType := tracing.ErrorTypeUnavailable
+		if outcome == tracing.OutcomeLost {
+			errType = tracing.ErrorTypeLockLost
+		}
+		span.SetAttributes(semconv.ErrorTypeKey.String(errType))
+		span.SetStatus(codes.Error, op+" round: "+outcome)
+	}
+	span.End()
+}
+
+// roundOutcome is the default outcome of a round's results.
+func roundOutcome(op string, rs []NodeResult, quorum int) string {
+	n := len(rs)
+	switch {
+	case count(rs, OutcomeOK) >= quorum:
+		return tracing.OutcomeGranted
+	case count(rs, OutcomeError)+count(rs, OutcomeTimeout)+count(rs, OutcomeGated) > n-quorum:
+		return tracing.OutcomeUnavailable
+	case op == "extend" || op == "release":
+		if count(rs, OutcomeHeld) > n-quorum {
+			return tracing.OutcomeLost
+		}
+		return tracing.OutcomeUnavailable
+	}
+	return tracing.OutcomeContended
+}
+
+// nodeSpan starts a CLIENT span for one node call, when enabled.
+func (t *telemetry) nodeSpan(ctx context.Context, n *node, op string) (context.Context, trace.Span) {
+	if !t.nodeSpans {
+		return ctx, nil
+	}
+	ctx, span := t.tracer.Start(ctx, "EVALSHA", trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		host, port, err := net.SplitHostPort(n.addr)
+		if err != nil {
+			host = n.addr
+		}
+		span.SetAttributes(semconv.DBSystemNameRedis, semconv.DBOperationNameKey.String("EVALSHA"),
+			semconv.ServerAddressKey.String(host), tracing.RoundOp.String(op))
+		if p, err := strconv.Atoi(port); err == nil {
+			span.SetAttributes(semconv.ServerPortKey.Int(p))
+		}
+	}
+	return ctx, span
+}
+
+// traceparent returns the W3C traceparent of sc, or "" if sc is not valid.
+func traceparent(sc trace.SpanContext) string {
+	if !sc.IsValid() {
+		return ""
+	}
+	flags := "00"
+	if sc.IsSampled() {
+		flags = "01"
+	}
+	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + flags
+}
+
+// parseTraceparent parses a W3C traceparent written by traceparent.
+func parseTraceparent(s string) (trace.SpanContext, bool) {
+	if len(s) != traceparentLen || s[:3] != "00-" || s[35] != '-' || s[52] != '-' {
+		return trace.SpanContext{}, false
+	}
+	tid, err1 := trace.TraceIDFromHex(s[3:35])
+	sid, err2 := trace.SpanIDFromHex(s[36:52])
+	if err1 != nil || err2 != nil {
+		return trace.SpanContext{}, false
+	}
+	var flags trace.TraceFlags
+	if s[53:] == "01" {
+		flags = trace.FlagsSampled
+	}
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, Remote: true}), true
+}
+
+// traceparentLen is the length of a version-00 traceparent.
+const traceparentLen = 55

@@ -1,0 +1,222 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+	"github.com/schedlock/schedlock/tracing"
+)
+
+func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+func TestSpansOfAContendedAcquisition(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+	holder := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp), redlock.WithMeterProvider(mp))
+	waiter := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp), redlock.WithMeterProvider(mp))
+	ctx := context.Background()
+
+	// The holder acquires inside its job's span.
+	jobCtx, job := tp.Tracer("test").Start(ctx, "holder-job")
+	held, err := holder.Acquire(jobCtx, []string{"report"}, 2*time.Second, redlock.WithMetadata("instance-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(150*time.Millisecond, func() { _ = held.Release(jobCtx); job.End() })
+	l, err := waiter.Acquire(ctx, []string{"report"}, 2*time.Second, redlock.WithRetry(fastRetry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownerToken := rawValue(t, cl, "report")[:32]
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	spans := rec.Ended()
+	var holderAcquire, waiterAcquire sdktrace.ReadOnlySpan
+	for _, s := range spans {
+		if s.Name() == tracing.SpanAcquire {
+			if s.Parent().SpanID() == job.SpanContext().SpanID() {
+				holderAcquire = s
+			} else {
+				waiterAcquire = s
+			}
+		}
+		for _, kv := range s.Attributes() {
+			if strings.Contains(kv.Value.Emit(), ownerToken) {
+				t.Errorf("span %s attribute %s holds the lock's owner token", s.Name(), kv.Key)
+			}
+		}
+	}
+	if holderAcquire == nil || waiterAcquire == nil {
+		t.Fatalf("Acquire spans: holder %v, waiter %v", holderAcquire, waiterAcquire)
+	}
+	if got := attrs(waiterAcquire)[tracing.Resources].AsStringSlice(); len(got) != 1 || got[0] != "report" {
+		t.Errorf("waiter Acquire resources = %v", got)
+	}
+	var contended, granted int
+	for _, s := range spans {
+		if s.Name() != tracing.SpanRound || s.Parent().SpanID() != waiterAcquire.SpanContext().SpanID() {
+			continue
+		}
+		a := attrs(s)
+		if a[tracing.RoundOp].AsString() != "acquire" {
+			continue
+		}
+		if a[tracing.Nodes].AsInt64() != 3 || a[tracing.Quorum].AsInt64() != 2 || len(a[tracing.NodeOutcomes].AsStringSlice()) != 3 {
+			t.Errorf("round attributes = %v", s.Attributes())
+		}
+		switch a[tracing.Outcome].AsString() {
+		case tracing.OutcomeContended:
+			contended++
+			if s.Status().Code != codes.Unset {
+				t.Errorf("contended round status = %v, want unset", s.Status())
+			}
+			if a[tracing.VotesHeld].AsInt64() < 1 || a[tracing.Holder].AsString() != "instance-a" {
+				t.Errorf("contended round: held votes %d, holder %q", a[tracing.VotesHeld].AsInt64(), a[tracing.Holder].AsString())
+			}
+			linked := false
+			for _, link := range s.Links() {
+				if link.SpanContext.SpanID() == holderAcquire.SpanContext().SpanID() &&
+					link.SpanContext.TraceID() == job.SpanContext().TraceID() {
+					linked = true
+				}
+			}
+			if !linked {
+				t.Errorf("contended round has no link to the holder's Acquire span (links %v)", s.Links())
+			}
+		case tracing.OutcomeGranted:
+			granted++
+			if v := a[tracing.ValidityMillis].AsFloat64(); v < 1000 || v > 2000 {
+				t.Errorf("granted round validity_ms = %v, want about 2000 - drift", v)
+			}
+		}
+	}
+	if contended == 0 || granted != 1 {
+		t.Errorf("waiter rounds: %d contended, %d granted; want several and 1", contended, granted)
+	}
+	if got := attrs(waiterAcquire)[tracing.Attempts].AsInt64(); got != int64(contended+1) {
+		t.Errorf("attempts attribute = %d, want %d", got, contended+1)
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					got[m.Name] += p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					got[m.Name] += int64(p.Count)
+				}
+			}
+		}
+	}
+	if got[tracing.MetricContention] != int64(contended) || got[tracing.MetricHeld] != 0 ||
+		got[tracing.MetricAcquireDuration] != 2 || got[tracing.MetricHoldDuration] != 2 {
+		t.Errorf("metrics = %v; want contention %d, held 0, 2 acquisitions, 2 holds", got, contended)
+	}
+}
+
+// rawValue returns the value of key on the first node that has it.
+func rawValue(t *testing.T, cl redlocktest.Cluster, key string) string {
+	t.Helper()
+	for _, s := range cl {
+		if v, err := s.Client(t).Get(context.Background(), key).Result(); err == nil {
+			return v
+		}
+	}
+	t.Fatalf("no node holds %s", key)
+	return ""
+}
+
+func TestFailedRoundSetsErrorStatus(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	c := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp), redlock.WithNodeSpans(true),
+		redlock.WithHiddenResources(true), redlock.WithNodeTimeout(100*time.Millisecond))
+	cl[1].Kill(t)
+	cl[2].Kill(t)
+	if _, err := c.TryAcquire(context.Background(), []string{"secret-name"}, time.Second); !errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	var op, round sdktrace.ReadOnlySpan
+	nodeSpans := 0
+	for _, s := range rec.Ended() {
+		switch s.Name() {
+		case tracing.SpanTryAcquire:
+			op = s
+		case tracing.SpanRound:
+			if attrs(s)[tracing.RoundOp].AsString() == "acquire" {
+				round = s
+			}
+		case "EVALSHA":
+			nodeSpans++
+			a := attrs(s)
+			if a["db.system.name"].AsString() != "redis" || a["server.address"].AsString() != "127.0.0.1" || a["server.port"].AsInt64() == 0 {
+				t.Errorf("node span attributes = %v", s.Attributes())
+			}
+		}
+		if _, ok := attrs(s)[tracing.Resources]; ok {
+			t.Errorf("span %s records resource names although hidden", s.Name())
+		}
+	}
+	for name, s := range map[string]sdktrace.ReadOnlySpan{"op": op, "round": round} {
+		if s == nil {
+			t.Fatalf("no %s span", name)
+		}
+		if s.Status().Code != codes.Error || attrs(s)["error.type"].AsString() != tracing.ErrorTypeUnavailable {
+			t.Errorf("%s span status %v, error.type %q; want Error, %s", name, s.Status(), attrs(s)["error.type"].AsString(), tracing.ErrorTypeUnavailable)
+		}
+	}
+	if nodeSpans < 3 {
+		t.Errorf("%d node spans, want one per node per round", nodeSpans)
+	}
+}
+
+// TestLibraryDoesNotImportTheSDK: importing redlock must not pull the
+// OpenTelemetry SDK or an exporter into a user's build.
+func TestLibraryDoesNotImportTheSDK(t *testing.T) {
+	for _, pkg := range []string{"redlock", "scheduler", "elector", "tracing"} {
+		out, err := exec.Command("go", "list", "-deps", "github.com/schedlock/schedlock/"+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "go.opentelemetry.io/otel/sdk") || strings.Contains(dep, "/exporters/") {
+				t.Errorf("%s depends on %s", pkg, dep)
+			}
+		}
+	}
+}

@@ -1,0 +1,138 @@
+// Package tracing holds the OpenTelemetry names of schedlock: instrumentation
+// scope, span names, attribute keys and metric names, defined once for the
+// redlock, scheduler and elector packages and for dashboards and queries.
+//
+// It depends on the OpenTelemetry API only. The library packages take
+// WithTracerProvider and WithMeterProvider options and default to the global
+// providers, so nothing is recorded until the application installs an SDK;
+// package tracing/otlp sets one up that exports to Jaeger (or any OTLP
+// backend) from the standard OTEL_* environment variables, and is the only
+// package here that imports the SDK. docs/observability.md shows a
+// contended acquisition as Jaeger displays it.
+//
+// No OpenTelemetry semantic convention exists for locks or leader
+// election, so attributes use the "schedlock." prefix. Per-node CLIENT
+// spans, when enabled, follow the database conventions (db.system.name =
+// redis, db.operation.name, server.address, server.port).
+package tracing
+
+import "go.opentelemetry.io/otel/attribute"
+
+// Version is the instrumentation scope version of every schedlock package.
+const Version = "0.1.0"
+
+// Instrumentation scope names: the packages' import paths.
+const (
+	ScopeRedlock   = "github.com/schedlock/schedlock/redlock"
+	ScopeScheduler = "github.com/schedlock/schedlock/scheduler"
+	ScopeElector   = "github.com/schedlock/schedlock/elector"
+)
+
+// Span names. Operation spans are INTERNAL; a round span is a child of its
+// operation span; node spans (optional) are CLIENT children of a round span.
+const (
+	SpanAcquire    = "redlock.Acquire"
+	SpanTryAcquire = "redlock.TryAcquire"
+	SpanExtend     = "redlock.Extend"
+	SpanRelease    = "redlock.Release"
+	SpanDo         = "redlock.Do"
+	SpanRound      = "redlock.round"
+	SpanJobRun     = "scheduler.run"
+	SpanCampaign   = "elector.campaign"
+	SpanLead       = "elector.lead"
+)
+
+// Attribute keys.
+const (
+	// Resources is the lock's resource names (string slice); omitted when
+	// the Client hides them (redlock.WithHiddenResources).
+	Resources = attribute.Key("schedlock.lock.resources")
+	// TTL is the requested TTL in milliseconds (int).
+	TTL = attribute.Key("schedlock.lock.ttl_ms")
+	// FencingToken is the lock's fencing token (int), when fencing is on.
+	FencingToken = attribute.Key("schedlock.lock.fencing_token")
+	// Outcome is the outcome of an operation or round: one of the Outcome*
+	// values.
+	Outcome = attribute.Key("schedlock.outcome")
+	// Attempts is the number of rounds an Acquire made (int).
+	Attempts = attribute.Key("schedlock.acquire.attempts")
+
+	// Round attributes.
+	RoundOp        = attribute.Key("schedlock.round.op")      // acquire, fence, extend, release, holder
+	RoundAttempt   = attribute.Key("schedlock.round.attempt") // 1-based, acquire rounds
+	Nodes          = attribute.Key("schedlock.round.nodes")   // N
+	Quorum         = attribute.Key("schedlock.round.quorum")  // N/2+1
+	VotesOK        = attribute.Key("schedlock.round.votes.ok")
+	VotesHeld      = attribute.Key("schedlock.round.votes.held")
+	VotesError     = attribute.Key("schedlock.round.votes.error")
+	VotesTimeout   = attribute.Key("schedlock.round.votes.timeout")
+	VotesGated     = attribute.Key("schedlock.round.votes.gated")
+	VotesPending   = attribute.Key("schedlock.round.votes.pending")
+	ValidityMillis = attribute.Key("schedlock.round.validity_ms") // validity left at grant (float)
+	// NodeAddresses, NodeOutcomes and NodeLatencies are per-node detail, in
+	// node order (string, string and float64 ms slices).
+	NodeAddresses = attribute.Key("schedlock.round.node.addresses")
+	NodeOutcomes  = attribute.Key("schedlock.round.node.outcomes")
+	NodeLatencies = attribute.Key("schedlock.round.node.latency_ms")
+	// Holder is the metadata of the holder that refused a round (e.g. an
+	// instance or leader identity), never its owner token.
+	Holder = attribute.Key("schedlock.holder")
+
+	// Scheduler and elector attributes.
+	Job      = attribute.Key("schedlock.job")
+	Tick     = attribute.Key("schedlock.tick") // RFC 3339 with ms
+	Instance = attribute.Key("schedlock.instance")
+	Election = attribute.Key("schedlock.election")
+	Identity = attribute.Key("schedlock.identity")
+	Term     = attribute.Key("schedlock.term")
+)
+
+// Values of Outcome.
+const (
+	OutcomeGranted     = "granted"     // the lock (or extension, release) went through
+	OutcomeContended   = "contended"   // refused by another holder: not an error
+	OutcomeUnavailable = "unavailable" // too many nodes failed: an error
+	OutcomeWeak        = "weak"        // quorum granted too little validity; refused
+	OutcomeLost        = "lost"        // the lock is gone
+	OutcomeCanceled    = "canceled"    // ctx ended
+	OutcomeInvalid     = "invalid"     // bad input
+	OutcomeRan         = "ran"         // scheduler: the job ran here
+	OutcomeSkippedHeld = "skipped_held_elsewhere"
+	OutcomeSkippedDown = "skipped_redis_unavailable"
+)
+
+// Values of error.type on spans with status Error.
+const (
+	ErrorTypeUnavailable = "redlock.unavailable"
+	ErrorTypeLockLost    = "redlock.lock_lost"
+	ErrorTypeInvalid     = "redlock.invalid_argument"
+	ErrorTypeCanceled    = "context.canceled"
+	ErrorTypeOther       = "_OTHER"
+)
+
+// Span events.
+const (
+	EventLeadershipGained = "elector.leadership_gained"
+	EventLeadershipLost   = "elector.leadership_lost"
+	EventLockLost         = "redlock.lock_lost"
+)
+
+// Metric names. Durations are in seconds.
+const (
+	MetricAcquireDuration = "schedlock.lock.acquire.duration" // histogram, s: Acquire/TryAcquire call to result
+	MetricRoundDuration   = "schedlock.lock.round.duration"   // histogram, s: one quorum round
+	MetricHoldDuration    = "schedlock.lock.hold.duration"    // histogram, s: grant to release or loss
+	MetricContention      = "schedlock.lock.contention"       // counter: acquire rounds lost to another holder
+	MetricLost            = "schedlock.lock.lost"             // counter: locks lost while held
+	MetricExtendFailures  = "schedlock.lock.extend.failures"  // counter: Extend calls that failed
+	MetricNodeErrors      = "schedlock.node.errors"           // counter: per node (server.address), error or timeout
+	MetricHeld            = "schedlock.lock.held"             // up-down counter: locks held by this process
+)
+
+// DurationBuckets are the explicit histogram bucket boundaries, in seconds,
+// for every duration metric: from sub-millisecond rounds to lock waits of
+// minutes.
+var DurationBuckets = []float64{
+	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10, 30, 60, 120, 300,
+}
