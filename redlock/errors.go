@@ -149,21 +149,23 @@ func (e *QuorumError) Count(o Outcome) int {
 }
 
 // Holder returns the metadata (WithMetadata) of the lock that refused this
-// acquire round, as reported by the most OutcomeHeld nodes; ok is false when
-// no node reported a holder.
+// acquire round on a quorum of nodes: the resource is really held, by that
+// holder. ok is false when no single holder refused on a quorum (the nodes
+// were split between contenders, or too few answered), or for other rounds.
 func (e *QuorumError) Holder() (metadata string, ok bool) {
+	if e.Op != "acquire" {
+		return "", false
+	}
 	votes := map[string]int{}
-	best := 0
 	for _, r := range e.Nodes {
-		if r.Outcome != OutcomeHeld || e.Op != "acquire" {
+		if r.Outcome != OutcomeHeld {
 			continue
 		}
-		votes[r.Holder]++
-		if n := votes[r.Holder]; n > best || (n == best && r.Holder < metadata) {
-			metadata, best = r.Holder, n
+		if votes[r.Holder]++; votes[r.Holder] >= e.Quorum {
+			return r.Holder, true
 		}
 	}
-	return metadata, best > 0
+	return "", false
 }
 
 // Error reports the counts and every node that did not answer OK.

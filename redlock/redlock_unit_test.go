@@ -244,3 +244,26 @@ func TestQuorumIsOfConfiguredNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestHolderNeedsAQuorum: a refused round names a holder only when one
+// holder refused on a quorum of nodes. A 1-1 split between two contenders
+// named the lexically smaller one, so OnNewLeader reported candidates that
+// never led (found with example/leader).
+func TestHolderNeedsAQuorum(t *testing.T) {
+	split := &redlock.QuorumError{Op: "acquire", Quorum: 2, Nodes: []redlock.NodeResult{
+		{Outcome: redlock.OutcomeHeld, Holder: "b"},
+		{Outcome: redlock.OutcomeHeld, Holder: "a"},
+		{Outcome: redlock.OutcomePending},
+	}}
+	if h, ok := split.Holder(); ok {
+		t.Errorf("Holder() of a split round = %q, true; want no holder", h)
+	}
+	held := &redlock.QuorumError{Op: "acquire", Quorum: 2, Nodes: []redlock.NodeResult{
+		{Outcome: redlock.OutcomeHeld, Holder: "b"},
+		{Outcome: redlock.OutcomeOK},
+		{Outcome: redlock.OutcomeHeld, Holder: "b"},
+	}}
+	if h, ok := held.Holder(); !ok || h != "b" {
+		t.Errorf("Holder() = %q, %v; want b, true", h, ok)
+	}
+}

@@ -202,7 +202,10 @@ func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) 
 			return lk, nil
 		}
 		var qerr *redlock.QuorumError
-		if !errors.As(err, &qerr) || errors.Is(err, redlock.ErrUnavailable) || wonByOne(qerr, l.client.Quorum()) {
+		if !errors.As(err, &qerr) || errors.Is(err, redlock.ErrUnavailable) {
+			return nil, err
+		}
+		if _, taken := qerr.Holder(); taken {
 			return nil, err
 		}
 		t := time.NewTimer(time.Millisecond + rand.N(splitDelay))
@@ -218,20 +221,6 @@ func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) 
 // splitDelay bounds the random delay before retrying a split round.
 const splitDelay = 15 * time.Millisecond
 
-// wonByOne reports whether one holder refused the round on a quorum of
-// nodes: the resource is really taken.
-func wonByOne(qerr *redlock.QuorumError, quorum int) bool {
-	votes := map[string]int{}
-	for _, r := range qerr.Nodes {
-		if r.Outcome == redlock.OutcomeHeld {
-			if votes[r.Holder]++; votes[r.Holder] >= quorum {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // isHeld reports whether err is a round lost to another holder.
 func isHeld(err error) bool {
 	var qerr *redlock.QuorumError
@@ -246,7 +235,10 @@ func (l *Locker) lockError(job string, tick time.Time, what string, err error) e
 	case errors.Is(err, redlock.ErrNotAcquired) && isHeld(err):
 		var qerr *redlock.QuorumError
 		errors.As(err, &qerr)
-		holder, _ := qerr.Holder()
+		holder, ok := qerr.Holder()
+		if !ok {
+			holder = "another instance"
+		}
 		reason := "tick already taken by " + holder
 		if what == "run" {
 			reason = "previous run still running on " + holder

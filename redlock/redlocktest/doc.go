@@ -43,7 +43,9 @@
 // By default a server keeps nothing across Kill and Restart (--save ""
 // --appendonly no). WithAppendOnlyFsyncAlways makes every acknowledged write
 // durable, so data survives a Kill followed by Restart. WithArgs passes any
-// other redis-server arguments.
+// other redis-server arguments. For faults on the links rather than the
+// servers, a Proxy (NewProxy, Cluster.ProxiedClients) between a client and a
+// server adds latency, black holes, one-way partitions and held replies.
 //
 // Every server, its clients and the goroutine that reaps its process are gone
 // by the time the test's cleanup has finished, so the package can be used

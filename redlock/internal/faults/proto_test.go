@@ -2,56 +2,16 @@ package faults
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"testing"
-	"testing/synctest"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
 )
 
 func TestProto(t *testing.T) {
-	var ms []*miniredis.Miniredis
-	for range 3 {
-		m := miniredis.NewMiniRedis()
-		if err := m.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		ms = append(ms, m)
-	}
-	synctest.Test(t, func(t *testing.T) {
-		stop := make(chan struct{})
-		ffDone := make(chan struct{})
-		go func() {
-			defer close(ffDone)
-			last := time.Now()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(time.Millisecond):
-				}
-				now := time.Now()
-				for _, m := range ms {
-					m.FastForward(now.Sub(last))
-				}
-				last = now
-			}
-		}()
-		var nodes []redis.UniversalClient
-		for i, m := range ms {
-			c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("sim%d:6379", i), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				a, b := net.Pipe()
-				m.Server().ServeConn(b)
-				return a, nil
-			}})
-			nodes = append(nodes, c)
-		}
+	RunSim(t, 3, func(t *testing.T, c *SimCluster) {
+		nodes, links := c.Clients()
 		rl, err := redlock.New(nodes)
 		if err != nil {
 			t.Fatal(err)
@@ -67,16 +27,29 @@ func TestProto(t *testing.T) {
 		time.Sleep(11 * time.Second)
 		l2, err := rl.TryAcquire(context.Background(), []string{"x"}, 10*time.Second)
 		t.Logf("after expiry: %v", err)
+		links[0].SetLatency(30 * time.Millisecond)
+		links[1].Partition(redlocktest.BothDirections)
+		s2 := time.Now()
 		err = rl.Do(context.Background(), []string{"y"}, time.Second, func(ctx context.Context) error {
+			t.Logf("do acquired after %v", time.Since(s2))
 			time.Sleep(5 * time.Second)
 			return nil
 		})
 		t.Logf("do: %v at %v", err, time.Since(start))
+		c.Nodes[2].Freeze()
+		err = rl.Do(context.Background(), []string{"z"}, time.Second, func(ctx context.Context) error {
+			select {
+			case <-ctx.Done():
+				t.Logf("lost after %v: %v", time.Since(s2), context.Cause(ctx))
+			case <-time.After(5 * time.Second):
+			}
+			return nil
+		})
+		t.Logf("do2: %v", err)
+		c.Nodes[2].Thaw()
 		_ = l2.Release(context.Background())
-		for _, n := range nodes {
-			n.Close()
-		}
-		close(stop)
-		<-ffDone
+		t.Logf("keys %v", c.Keys(func(string) bool { return true }))
+		time.Sleep(2 * time.Second)
+		t.Logf("keys %v", c.Keys(func(string) bool { return true }))
 	})
 }
