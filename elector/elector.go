@@ -14,8 +14,14 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/tracing"
 )
 
 var _ gocron.Elector = (*Elector)(nil)
@@ -61,7 +67,20 @@ type config struct {
 	onStartedLeading func(ctx context.Context)
 	onStoppedLeading func()
 	onNewLeader      func(identity string)
+	tracer           trace.TracerProvider
+	meter            metric.MeterProvider
 }
+
+// WithTracerProvider sets the OpenTelemetry tracer provider: a span per
+// campaign ("elector.campaign") and one per leadership ("elector.lead",
+// with events for leadership gained and lost; OnStartedLeading's ctx
+// carries it). Default: the global provider; nil means the default.
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config) { c.tracer = tp } }
+
+// WithMeterProvider sets the OpenTelemetry meter provider for the
+// schedlock.elector.leaderships counter and the schedlock.elector.leading
+// up-down counter. Default: the global provider; nil means the default.
+func WithMeterProvider(mp metric.MeterProvider) Option { return func(c *config) { c.meter = mp } }
 
 // WithIdentity sets this candidate's identity, as reported by Leader and
 // OnNewLeader to every candidate. Default: "<hostname>-<pid>-<4 random hex
@@ -131,6 +150,10 @@ type Elector struct {
 	log     *slog.Logger
 	running atomic.Bool
 
+	tracer      trace.Tracer
+	leaderships metric.Int64Counter
+	leading     metric.Int64UpDownCounter
+
 	mu       sync.Mutex
 	lease    *redlock.Lock   // nil unless leading
 	leadCtx  context.Context // cancelled when leadership ends
@@ -175,7 +198,25 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Elector{client: client, name: name, res: cfg.prefix + name, cfg: cfg, log: log}, nil
+	e := &Elector{client: client, name: name, res: cfg.prefix + name, cfg: cfg, log: log}
+	tp, mp := cfg.tracer, cfg.meter
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	e.tracer = tp.Tracer(tracing.ScopeElector, trace.WithInstrumentationVersion(tracing.Version))
+	m := mp.Meter(tracing.ScopeElector, metric.WithInstrumentationVersion(tracing.Version))
+	var err1, err2 error
+	e.leaderships, err1 = m.Int64Counter(tracing.MetricLeaderships, metric.WithUnit("{leadership}"),
+		metric.WithDescription("Leaderships gained by this candidate."))
+	e.leading, err2 = m.Int64UpDownCounter(tracing.MetricLeading, metric.WithUnit("{leader}"),
+		metric.WithDescription("1 while this candidate leads."))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("elector: telemetry: %w", err)
+	}
+	return e, nil
 }
 
 func defaultIdentity() string {
@@ -262,18 +303,29 @@ func (e *Elector) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		lease, err := e.client.TryAcquire(ctx, []string{e.res}, e.cfg.ttl,
+		cctx, span := e.tracer.Start(ctx, tracing.SpanCampaign, trace.WithAttributes(
+			tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity)))
+		lease, err := e.client.TryAcquire(cctx, []string{e.res}, e.cfg.ttl,
 			redlock.WithMetadata(e.cfg.identity), redlock.WithFencing(true))
 		if err == nil {
-			e.lead(ctx, lease)
+			span.SetAttributes(tracing.Outcome.String(tracing.OutcomeGranted), tracing.Term.Int64(int64(lease.FencingToken())))
+			span.End()
+			e.lead(ctx, lease, span.SpanContext())
 			continue
 		}
 		var qerr *redlock.QuorumError
 		if errors.As(err, &qerr) {
 			if holder, ok := qerr.Holder(); ok {
+				span.SetAttributes(tracing.Holder.String(holder))
 				e.observe(holder)
 			}
 		}
+		span.SetAttributes(tracing.Outcome.String(campaignOutcome(err)))
+		if errors.Is(err, redlock.ErrUnavailable) {
+			span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeUnavailable))
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
 		if ctx.Err() == nil && !errors.Is(err, redlock.ErrNotAcquired) {
 			e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
 		}
@@ -288,10 +340,32 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 }
 
+// campaignOutcome names the outcome of a failed campaign.
+func campaignOutcome(err error) string {
+	switch {
+	case errors.Is(err, redlock.ErrUnavailable):
+		return tracing.OutcomeUnavailable
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return tracing.OutcomeCanceled
+	}
+	return tracing.OutcomeContended
+}
+
 // lead runs one leadership: it keeps the lease until it is lost or ctx
-// ends, runs the callbacks, and releases the lease.
-func (e *Elector) lead(ctx context.Context, lease *redlock.Lock) {
+// ends, runs the callbacks, and releases the lease. campaign is the span of
+// the campaign that won it, linked from the leadership's span.
+func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.SpanContext) {
 	term := lease.FencingToken()
+	ctx, span := e.tracer.Start(ctx, tracing.SpanLead, trace.WithLinks(trace.Link{SpanContext: campaign}),
+		trace.WithAttributes(tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity),
+			tracing.Term.Int64(int64(term))))
+	span.AddEvent(tracing.EventLeadershipGained)
+	e.leaderships.Add(ctx, 1)
+	e.leading.Add(ctx, 1)
+	defer func() {
+		e.leading.Add(ctx, -1)
+		span.End()
+	}()
 	lctx, stop := lease.Keep(context.WithValue(ctx, termKey{}, term), redlock.ExtendEvery(e.cfg.renew))
 	e.mu.Lock()
 	e.lease, e.leadCtx = lease, lctx
@@ -317,6 +391,11 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock) {
 	}
 	// Resign, or clean up what is left of a lost lease.
 	rerr := lease.Release(context.WithoutCancel(ctx))
+	span.AddEvent(tracing.EventLeadershipLost)
+	if lost != nil {
+		span.SetAttributes(tracing.Outcome.String(tracing.OutcomeLost), semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))
+		span.SetStatus(codes.Error, lost.Error())
+	}
 	switch {
 	case lost != nil:
 		e.log.Warn("elector: leadership lost", "election", e.name, "term", term, "err", lost)

@@ -15,11 +15,15 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/schedlock/schedlock/elector"
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
+	"github.com/schedlock/schedlock/tracing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -523,5 +527,68 @@ func TestGocronRunsJobsOnlyOnTheLeader(t *testing.T) {
 		if !inside {
 			t.Errorf("%s ran tick %v at %v outside its leadership", r.who, r.tick.Format("15:04:05"), r.at.Format("15:04:05.000"))
 		}
+	}
+}
+
+func TestLeadershipSpans(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	client, _ := redlock.New([]redis.UniversalClient{rdb}, redlock.WithTracerProvider(tp))
+	inLead := make(chan trace.SpanContext, 1)
+	e, err := elector.New(client, "traced", elector.WithIdentity("me"), elector.WithTracerProvider(tp),
+		elector.WithLeaseTTL(time.Second), elector.WithRetryPeriod(20*time.Millisecond),
+		elector.OnStartedLeading(func(ctx context.Context) {
+			inLead <- trace.SpanFromContext(ctx).SpanContext()
+			<-ctx.Done()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	var leadSC trace.SpanContext
+	select {
+	case leadSC = <-inLead:
+	case <-time.After(3 * time.Second):
+		t.Fatal("never led")
+	}
+	cancel()
+	<-done
+	var lead sdktrace.ReadOnlySpan
+	campaigns := 0
+	for _, s := range rec.Ended() {
+		switch s.Name() {
+		case tracing.SpanLead:
+			lead = s
+		case tracing.SpanCampaign:
+			campaigns++
+		}
+	}
+	if lead == nil || campaigns == 0 {
+		t.Fatalf("lead span %v, %d campaign spans", lead, campaigns)
+	}
+	if lead.SpanContext().SpanID() != leadSC.SpanID() {
+		t.Error("OnStartedLeading's ctx does not carry the lead span")
+	}
+	var events []string
+	for _, ev := range lead.Events() {
+		events = append(events, ev.Name)
+	}
+	if strings.Join(events, ",") != tracing.EventLeadershipGained+","+tracing.EventLeadershipLost {
+		t.Errorf("lead span events = %v", events)
+	}
+	term := int64(-1)
+	for _, kv := range lead.Attributes() {
+		if kv.Key == tracing.Term {
+			term = kv.Value.AsInt64()
+		}
+	}
+	if term < 1 {
+		t.Errorf("lead span term = %d, want >= 1", term)
 	}
 }

@@ -14,8 +14,14 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/tracing"
 )
 
 var _ gocron.Locker = (*Locker)(nil)
@@ -37,9 +43,11 @@ var _ gocron.Locker = (*Locker)(nil)
 //
 // docs/scheduling.md states the guarantee and its limits.
 type Locker struct {
-	client *redlock.Client
-	cfg    lockerConfig
-	log    *slog.Logger
+	client   *redlock.Client
+	cfg      lockerConfig
+	log      *slog.Logger
+	tracer   trace.Tracer
+	runCount metric.Int64Counter
 
 	mu          sync.Mutex
 	runs        map[context.Context]*runLock // by the job ctx gocron passes to Lock and the task
@@ -90,10 +98,24 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	tp, mp := cfg.tracer, cfg.meter
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	runs, err := mp.Meter(tracing.ScopeScheduler, metric.WithInstrumentationVersion(tracing.Version)).
+		Int64Counter(tracing.MetricJobRuns, metric.WithUnit("{run}"), metric.WithDescription("Job ticks by lock outcome."))
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: telemetry: %w", err)
+	}
 	return &Locker{
 		client:      client,
 		cfg:         cfg,
 		log:         log,
+		tracer:      tp.Tracer(tracing.ScopeScheduler, trace.WithInstrumentationVersion(tracing.Version)),
+		runCount:    runs,
 		runs:        make(map[context.Context]*runLock),
 		resolutions: make(map[string]resolution),
 		warned:      make(map[string]bool),
@@ -164,25 +186,34 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		l.warnOnce(key, err)
 	}
 	tick := l.Tick(key)
-	lctx, cancel := context.WithTimeout(ctx, l.cfg.lockTimeout)
+	sctx, span := l.tracer.Start(ctx, tracing.SpanJobRun, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(tracing.Job.String(key), tracing.Tick.String(tick.Format(tickFormat)),
+			tracing.Instance.String(l.cfg.instance)))
+	lctx, cancel := context.WithTimeout(sctx, l.cfg.lockTimeout)
 	defer cancel()
 
 	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
 	marker, err := l.take(lctx, tickRes, l.tickTTL())
 	if err != nil {
-		return nil, l.lockError(key, tick, "tick", err)
+		err = l.lockError(key, tick, "tick", err)
+		l.skipped(ctx, span, err)
+		return nil, err
 	}
 	run, err := l.take(lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl)
 	if err != nil {
 		if !isHeld(err) || errors.Is(err, redlock.ErrUnavailable) {
 			// Not a busy job: give the tick back, another instance may
 			// still run it.
-			_ = marker.Release(context.WithoutCancel(ctx))
+			_ = marker.Release(context.WithoutCancel(sctx))
 		}
-		return nil, l.lockError(key, tick, "run", err)
+		err = l.lockError(key, tick, "run", err)
+		l.skipped(ctx, span, err)
+		return nil, err
 	}
-	rl := &runLock{l: l, job: key, tick: tick, jobCtx: ctx, marker: marker, run: run}
-	rl.ctx, rl.stop = run.Keep(context.WithValue(ctx, tickKey{}, tick))
+	span.SetAttributes(tracing.Outcome.String(tracing.OutcomeRan))
+	l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(key), tracing.Outcome.String(tracing.OutcomeRan)))
+	rl := &runLock{l: l, job: key, tick: tick, jobCtx: ctx, marker: marker, run: run, span: span}
+	rl.ctx, rl.stop = run.Keep(context.WithValue(sctx, tickKey{}, tick))
 	l.mu.Lock()
 	l.runs[ctx] = rl
 	l.mu.Unlock()
@@ -220,6 +251,28 @@ func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) 
 
 // splitDelay bounds the random delay before retrying a split round.
 const splitDelay = 15 * time.Millisecond
+
+// tickFormat formats ticks in spans and errors.
+const tickFormat = "2006-01-02T15:04:05.000Z07:00"
+
+// skipped ends the run span of a tick that does not run here.
+func (l *Locker) skipped(ctx context.Context, span trace.Span, err error) {
+	outcome := tracing.OutcomeSkippedHeld
+	switch {
+	case errors.Is(err, redlock.ErrUnavailable):
+		outcome = tracing.OutcomeSkippedDown
+		span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeUnavailable))
+		span.SetStatus(codes.Error, err.Error())
+	case errors.Is(err, ErrHeldElsewhere):
+	default:
+		outcome = "skipped"
+		span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeOther))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.SetAttributes(tracing.Outcome.String(outcome))
+	span.End()
+	l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Outcome.String(outcome)))
+}
 
 // isHeld reports whether err is a round lost to another holder.
 func isHeld(err error) bool {
@@ -302,6 +355,7 @@ type runLock struct {
 	run    *redlock.Lock
 	ctx    context.Context // cancelled when the run lock is lost
 	stop   func() error
+	span   trace.Span    // the run's span, ended by Unlock
 	done   chan struct{} // closed by Unlock, ends watch
 	once   sync.Once
 	err    error
@@ -343,11 +397,17 @@ func (r *runLock) Unlock(ctx context.Context) error {
 			delete(r.l.runs, r.jobCtx)
 		}
 		r.l.mu.Unlock()
-		dctx := context.WithoutCancel(ctx)
+		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
 		rerr := r.run.Release(dctx)
 		if ctx.Err() != nil {
 			_ = r.marker.Release(dctx)
 		}
+		if lost != nil {
+			r.span.AddEvent(tracing.EventLockLost)
+			r.span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))
+			r.span.SetStatus(codes.Error, lost.Error())
+		}
+		r.span.End()
 		switch {
 		case lost != nil:
 			r.err = lost

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults of the Locker options.
@@ -41,6 +43,24 @@ type lockerConfig struct {
 	logger      *slog.Logger
 	onLost      func(job string, err error)
 	instance    string
+	tracer      trace.TracerProvider
+	meter       metric.MeterProvider
+}
+
+// WithTracerProvider sets the OpenTelemetry tracer provider for the span of
+// each job run ("scheduler.run", with the lock outcome: ran, skipped because
+// held elsewhere, skipped because Redis is unavailable). Default: the
+// global provider; nil means the default. Pass the same provider to the
+// redlock Client to see its rounds under the run span.
+func WithTracerProvider(tp trace.TracerProvider) LockerOption {
+	return func(c *lockerConfig) { c.tracer = tp }
+}
+
+// WithMeterProvider sets the OpenTelemetry meter provider for the
+// schedlock.scheduler.runs counter. Default: the global provider; nil means
+// the default.
+func WithMeterProvider(mp metric.MeterProvider) LockerOption {
+	return func(c *lockerConfig) { c.meter = mp }
 }
 
 // WithInstanceID sets the identity this Locker stores with its locks: other

@@ -13,10 +13,16 @@ import (
 	"github.com/go-co-op/gocron/v2"
 	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/scheduler"
+	"github.com/schedlock/schedlock/tracing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -244,5 +250,85 @@ func TestSimultaneousInstancesAlwaysElectOneRun(t *testing.T) {
 			_ = lk.Unlock(ctx)
 		}
 		clock.Advance(time.Second)
+	}
+}
+
+func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	var nodes []redis.UniversalClient
+	for range 3 {
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		nodes = append(nodes, rdb)
+	}
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	newLocker := func(id string) *scheduler.Locker {
+		c, err := redlock.New(nodes, redlock.WithTracerProvider(tp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID(id), scheduler.WithTracerProvider(tp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	a, b := newLocker("a"), newLocker("b")
+	jobCtx := context.Background()
+	la, err := a.Lock(jobCtx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSpan := trace.SpanFromContext(a.RunContext(jobCtx))
+	if _, err := b.Lock(jobCtx, "report"); !errors.Is(err, scheduler.ErrHeldElsewhere) {
+		t.Fatalf("b.Lock = %v", err)
+	}
+	if err := la.Unlock(jobCtx); err != nil {
+		t.Fatal(err)
+	}
+	var ran, skipped sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() != tracing.SpanJobRun {
+			continue
+		}
+		m := map[attribute.Key]attribute.Value{}
+		for _, kv := range s.Attributes() {
+			m[kv.Key] = kv.Value
+		}
+		if m[tracing.Job].AsString() != "report" || m[tracing.Tick].AsString() != "2026-01-01T12:00:00.000Z" {
+			t.Errorf("run span attributes = %v", s.Attributes())
+		}
+		switch m[tracing.Outcome].AsString() {
+		case tracing.OutcomeRan:
+			ran = s
+		case tracing.OutcomeSkippedHeld:
+			skipped = s
+		}
+	}
+	if ran == nil || skipped == nil {
+		t.Fatalf("run spans: ran %v, skipped %v", ran, skipped)
+	}
+	if ran.SpanContext().SpanID() != runSpan.SpanContext().SpanID() {
+		t.Error("RunContext does not carry the run's span")
+	}
+	if skipped.Status().Code != codes.Unset {
+		t.Errorf("skipped (held elsewhere) status = %v, want unset: contention is not an error", skipped.Status())
+	}
+	// The skipped instance's refused round links to the winner's trace.
+	linked := false
+	for _, s := range rec.Ended() {
+		if s.Name() == tracing.SpanRound && s.SpanContext().TraceID() == skipped.SpanContext().TraceID() {
+			for _, link := range s.Links() {
+				if link.SpanContext.TraceID() == ran.SpanContext().TraceID() {
+					linked = true
+				}
+			}
+		}
+	}
+	if !linked {
+		t.Error("the skipped run's round has no link to the trace of the run that holds the tick")
 	}
 }

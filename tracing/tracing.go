@@ -127,6 +127,9 @@ const (
 	MetricExtendFailures  = "schedlock.lock.extend.failures"  // counter: Extend calls that failed
 	MetricNodeErrors      = "schedlock.node.errors"           // counter: per node (server.address), error or timeout
 	MetricHeld            = "schedlock.lock.held"             // up-down counter: locks held by this process
+	MetricJobRuns         = "schedlock.scheduler.runs"        // counter: job ticks by outcome (ran, skipped_*)
+	MetricLeaderships     = "schedlock.elector.leaderships"   // counter: leaderships gained by this process
+	MetricLeading         = "schedlock.elector.leading"       // up-down counter: 1 while this candidate leads
 )
 
 // DurationBuckets are the explicit histogram bucket boundaries, in seconds,
