@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -141,11 +142,14 @@ func (c *Client) checkTTL(ttl time.Duration) error {
 // reply is one node's answer: ok is OutcomeOK versus OutcomeHeld; holder
 // and token carry what an acquire script returned.
 type reply struct {
-	ok     bool
-	gated  bool // acquire: the node is within its restart gate
-	holder string
-	token  uint64
-	value  string // full key value (Holder reads only)
+	ok    bool
+	gated bool // acquire: the node is within its restart gate
+	// reentered: acquire of a reentrant owner that already held every key
+	// with a recorded fencing token, which token is the token.
+	reentered bool
+	holder    string
+	token     uint64
+	value     string // full key value (Holder reads only)
 
 	traceparent string // acquire: the refusing holder's trace context
 }
@@ -228,7 +232,8 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 				nspan.End()
 			}
 			r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(start),
-				Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent}
+				Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent,
+				reentered: rep.reentered}
 			switch {
 			case err != nil && isTimeout(err):
 				r.Outcome = OutcomeTimeout
@@ -302,6 +307,17 @@ func count(rs []NodeResult, o Outcome) int {
 		}
 	}
 	return n
+}
+
+// unconfirmed builds the error for an extend or release round that neither
+// reached a quorum nor lost the lock for sure: failed nodes left the outcome
+// unknown, so it always matches ErrUnavailable.
+func (c *Client) unconfirmed(op string, resources []string, rs []NodeResult) *QuorumError {
+	qerr := c.quorumError(op, resources, rs)
+	if !slices.Contains(qerr.sentinels, ErrUnavailable) {
+		qerr.sentinels = append(qerr.sentinels, ErrUnavailable)
+	}
+	return qerr
 }
 
 // quorumError builds the error for a round that failed. held is true when

@@ -112,6 +112,7 @@ type NodeResult struct {
 	value string // the key's value (Holder only; never leaves the package)
 
 	traceparent string // acquire: the refusing holder's trace context
+	reentered   bool   // acquire: a reentrant hold whose token was reused
 }
 
 // QuorumError describes a quorum round that did not succeed, with every

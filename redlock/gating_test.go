@@ -26,9 +26,10 @@ func overlapAfterEmptyRestart(t *testing.T, cl redlocktest.Cluster, opts ...redl
 	}
 	defer l.Release(ctx)
 	cl[2].Cont(t)
-	// A's late grant on node 2 lands now; delete it, as if node 2 had
-	// answered too late and A's cleanup had won.
-	waitFor(t, func() bool { return len(cl[2].Keys(t)) > 0 }, time.Second)
+	// A's queued call may still land on node 2 (or fail: its EVAL fallback
+	// runs past its deadline); delete any key it left, as if A's cleanup
+	// had won.
+	time.Sleep(100 * time.Millisecond)
 	if err := cl[2].Client(t).Del(ctx, "r").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -36,17 +37,6 @@ func overlapAfterEmptyRestart(t *testing.T, cl redlocktest.Cluster, opts ...redl
 	cl[0].Restart(t)
 	_, err = b.TryAcquire(ctx, []string{"r"}, 2*time.Second)
 	return err
-}
-
-func waitFor(t *testing.T, cond func() bool, limit time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", limit)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestEmptyRestartWithoutGatingAllowsOverlap(t *testing.T) {

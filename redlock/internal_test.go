@@ -53,3 +53,44 @@ func TestAcquireIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRetriedReentrantAcquireCountsOnce: a reentrant acquisition whose
+// script runs twice (a retry after a lost reply) adds one hold, not two.
+func TestRetriedReentrantAcquireCountsOnce(t *testing.T) {
+	var nodes []redis.UniversalClient
+	var ms []*miniredis.Miniredis
+	for range 3 {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { c.Close() })
+		nodes, ms = append(nodes, c), append(ms, m)
+	}
+	c, err := New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := c.newLock(ctx, []string{"r"}, 5*time.Second, acquireConfig{owner: "o", ownerSet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the same acquisition, sent twice
+		if qerr := c.attempt(ctx, l, 1); qerr != nil {
+			t.Fatal(qerr)
+		}
+	}
+	l.waitAcquireCalls()
+	for i, m := range ms {
+		if fields, _ := m.HKeys("r:holds"); len(fields) != 1 {
+			t.Errorf("node %d: holds = %v, want exactly one", i, fields)
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range ms {
+		if m.Exists("r") || m.Exists("r:holds") {
+			t.Errorf("node %d: keys %v remain after the only hold was released", i, m.Keys())
+		}
+	}
+}

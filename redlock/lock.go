@@ -3,6 +3,7 @@ package redlock
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"slices"
@@ -23,8 +24,9 @@ import (
 type Lock struct {
 	c         *Client
 	resources []string
-	keys      []string // lock keys, then (with fencing) the fencing counters
+	keys      []string // lock keys, holds hashes (reentrant), fencing counters, gate marker
 	nlock     int      // number of lock keys
+	aid       string   // acquisition ID of a reentrant lock (WithOwner), else ""
 	value     string   // owner token, trace context, metadata (see buildValue)
 	fencing   bool
 	token     uint64 // fencing token, set once held
@@ -137,6 +139,9 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if len(a.metadata) > MaxMetadata {
 		return nil, invalidf("metadata of %d bytes exceeds %d", len(a.metadata), MaxMetadata)
 	}
+	if a.ownerSet && (a.owner == "" || len(a.owner) > MaxOwner) {
+		return nil, invalidf("owner ID of %d bytes is empty or exceeds %d", len(a.owner), MaxOwner)
+	}
 	if len(resources) == 0 {
 		return nil, invalidf("empty resource list")
 	}
@@ -151,6 +156,18 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 		keys[i] = c.cfg.keyPrefix + r
 	}
 	n := len(keys)
+	var b [tokenLen / 2]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	token, aid := hex.EncodeToString(b[:]), ""
+	if a.owner != "" {
+		// Every acquisition of one owner shares the owner token; each has
+		// its own acquisition ID, its hold.
+		sum := sha256.Sum256([]byte("schedlock/redlock owner\x00" + a.owner))
+		token, aid = hex.EncodeToString(sum[:tokenLen/2]), hex.EncodeToString(b[:8])
+		for _, k := range keys[:n] {
+			keys = append(keys, k+holdsSuffix)
+		}
+	}
 	if a.fencing {
 		for _, k := range keys[:n] {
 			keys = append(keys, k+fencingSuffix)
@@ -162,15 +179,17 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 		}
 		keys = append(keys, c.cfg.keyPrefix+gateKey)
 	}
-	var b [tokenLen / 2]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	value := buildValue(hex.EncodeToString(b[:]), traceparent(trace.SpanContextFromContext(ctx)), a.metadata)
-	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n,
+	value := buildValue(token, traceparent(trace.SpanContextFromContext(ctx)), a.metadata)
+	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n, aid: aid,
 		value: value, fencing: a.fencing, ttl: ttl}, nil
 }
 
-// fencingSuffix turns a lock key into its fencing counter's key.
-const fencingSuffix = ":fencing"
+// fencingSuffix turns a lock key into its fencing counter's key, and
+// holdsSuffix into the hash of a reentrant lock's holds.
+const (
+	fencingSuffix = ":fencing"
+	holdsSuffix   = ":holds"
+)
 
 // gateKey is the restart gate marker on each node (after the key prefix).
 const gateKey = "redlock:restart-gate"
@@ -325,24 +344,33 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	rs := c.round(ctx, roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,
 		call: func(ctx context.Context, n *node) (reply, error) {
-			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds()).Slice()
+			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid).Slice()
 			return parseAcquire(v, err)
 		},
 		early: true,
 		late:  l.lateGrant,
 		done:  l.callDone,
 	})
-	var token uint64
+	// A reentrant hold keeps the token its owner's hold recorded: any node
+	// that reports it knows the owner holds the lock with that token.
+	var token, kept uint64
+	reentered := false
 	for _, r := range rs {
 		if r.Outcome == OutcomeOK {
 			token = max(token, r.token)
+			if r.reentered {
+				reentered, kept = true, max(kept, r.token)
+			}
 		}
+	}
+	if reentered {
+		token = kept
 	}
 	var qerr *QuorumError
 	switch ok := count(rs, OutcomeOK); {
 	case ok < c.quorum:
 		qerr = c.quorumError("acquire", l.resources, rs, ErrNotAcquired)
-	case l.fencing:
+	case l.fencing && !reentered:
 		// Record the token on a majority before handing out the lock, so
 		// that every later acquisition's quorum sees it.
 		if frs := c.fence(ctx, l, token); count(frs, OutcomeOK) < c.quorum {
@@ -376,13 +404,17 @@ func parseAcquire(v []any, err error) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	if len(v) != 2 {
+	if len(v) < 2 {
 		return reply{}, fmt.Errorf("redlock: unexpected acquire reply %v", v)
 	}
 	switch code, _ := v[0].(int64); code {
 	case 1:
 		token, _ := v[1].(int64)
-		return reply{ok: true, token: uint64(token)}, nil
+		var again int64
+		if len(v) > 2 {
+			again, _ = v[2].(int64)
+		}
+		return reply{ok: true, token: uint64(token), reentered: again == 1}, nil
 	case 2:
 		return reply{gated: true}, nil
 	}
@@ -394,11 +426,16 @@ func parseAcquire(v []any, err error) (reply, error) {
 // fence records token on the fencing counters of l on every node (see
 // fenceScript) and returns the round's results.
 func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult {
-	counters := l.keys[l.nlock : 2*l.nlock]
+	keys := l.fenceKeys()
+	owner := "0"
+	if l.aid != "" {
+		keys = append(keys, l.holdKeys()...)
+		owner = "1"
+	}
 	return c.round(ctx, roundSpec{
 		op: "fence",
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-			return fenceScript.Run(ctx, n.rdb, counters, token, c.cfg.fencingRetention.Milliseconds())
+			return fenceScript.Run(ctx, n.rdb, keys, token, c.cfg.fencingRetention.Milliseconds(), owner)
 		}, 1),
 		early: true,
 	})
@@ -420,7 +457,7 @@ func (l *Lock) lateGrant(n *node, r reply, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, n.rdb, l.lockKeys(), l.value).Err(); err != nil {
+	if err := releaseScript.Run(ctx, n.rdb, l.ownedKeys(), l.value, l.aid).Err(); err != nil {
 		l.c.log.Warn("redlock: cleanup of a late grant failed; the key expires with its TTL",
 			"resources", l.resources, "node", n.addr, "err", err)
 	}
@@ -459,14 +496,40 @@ func (l *Lock) callDone() {
 // landing just after the release cannot survive it on a node that answers.
 func (c *Client) releaseAll(ctx context.Context, l *Lock) []NodeResult {
 	l.waitAcquireCalls()
-	keys := l.lockKeys()
+	keys := l.ownedKeys()
 	return c.round(ctx, roundSpec{op: "release", call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-		return releaseScript.Run(ctx, n.rdb, keys, l.value)
-	}, int64(len(keys)))})
+		return releaseScript.Run(ctx, n.rdb, keys, l.value, l.aid)
+	}, int64(l.nlock))})
 }
 
-// lockKeys returns the lock's keys without its fencing counters.
-func (l *Lock) lockKeys() []string { return l.keys[:l.nlock] }
+// ownedKeys returns the lock keys and, for a reentrant lock, the holds
+// hashes after them.
+func (l *Lock) ownedKeys() []string {
+	if l.aid != "" {
+		return l.keys[:2*l.nlock]
+	}
+	return l.keys[:l.nlock]
+}
+
+// holdKeys returns the holds hashes of a reentrant lock (nil otherwise).
+func (l *Lock) holdKeys() []string {
+	if l.aid == "" {
+		return nil
+	}
+	return l.keys[l.nlock : 2*l.nlock]
+}
+
+// fenceKeys returns the fencing counters (nil without fencing).
+func (l *Lock) fenceKeys() []string {
+	if !l.fencing {
+		return nil
+	}
+	off := l.nlock
+	if l.aid != "" {
+		off = 2 * l.nlock
+	}
+	return l.keys[off : off+l.nlock]
+}
 
 // Extend sets the TTL of every key of the lock to ttl on the nodes where all
 // of them still hold this lock's value (owner-checked in one script per
@@ -475,8 +538,9 @@ func (l *Lock) lockKeys() []string { return l.keys[:l.nlock] }
 //
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrLockLost when
 // Until has passed, the lock was released, or too many nodes no longer hold
-// it; a *QuorumError matching ErrUnavailable when too many nodes failed: the
-// lock then stays valid until its unchanged Until (a node's failure never
+// it; otherwise a *QuorumError matching ErrUnavailable (nodes failed, so no
+// quorum confirmed the extension): the lock then stays valid until its
+// unchanged Until (a node's failure never
 // releases the lock elsewhere). Bounded by the node timeout; ctx can end it
 // sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
@@ -502,11 +566,15 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	l.waitAcquireCalls()
+	owner := "0"
+	if l.aid != "" {
+		owner = "1"
+	}
 	start := time.Now()
 	rs := c.round(ctx, roundSpec{
 		op: "extend",
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-			return extendScript.Run(ctx, n.rdb, l.lockKeys(), l.value, ttl.Milliseconds())
+			return extendScript.Run(ctx, n.rdb, l.ownedKeys(), l.value, ttl.Milliseconds(), owner)
 		}, 1),
 		early: true,
 	})
@@ -528,7 +596,8 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		l.setStateLocked(ctx, stateLost)
 		return c.quorumError("extend", l.resources, rs, ErrLockLost)
 	}
-	return c.quorumError("extend", l.resources, rs)
+	// Not lost for sure, not confirmed either: nodes failed.
+	return c.unconfirmed("extend", l.resources, rs)
 }
 
 // checkHeld returns ErrLockLost unless l is held and within its validity.
@@ -570,8 +639,9 @@ func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
 // It returns nil when a quorum confirmed the deletion within the validity.
 // Errors: ErrInvalidArgument for a nil Lock; ErrLockLost when the lock was
 // already released, its validity had ended, or too many nodes no longer held
-// it (its keys are deleted anyway); a *QuorumError matching ErrUnavailable
-// when too many nodes failed (their keys expire with the TTL). Calling
+// it (its keys are deleted anyway); otherwise a *QuorumError matching
+// ErrUnavailable (nodes failed, so no quorum confirmed the deletion; keys
+// left on them expire with the TTL). Calling
 // Release twice returns ErrLockLost the second time.
 func (l *Lock) Release(ctx context.Context) (err error) {
 	if l == nil {
@@ -598,6 +668,6 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	case count(rs, OutcomeHeld) > len(rs)-l.c.quorum:
 		return l.c.quorumError("release", l.resources, rs, ErrLockLost)
 	default:
-		return l.c.quorumError("release", l.resources, rs)
+		return l.c.unconfirmed("release", l.resources, rs)
 	}
 }

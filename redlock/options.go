@@ -62,6 +62,8 @@ type acquireConfig struct {
 	retry    func() backoff.BackOff
 	fencing  bool
 	metadata string
+	owner    string
+	ownerSet bool
 }
 
 type clientOption func(*config)
@@ -181,6 +183,23 @@ const MaxMetadata = 1024
 // at most MaxMetadata bytes.
 func WithMetadata(m string) AcquireOption {
 	return acquireOption(func(a *acquireConfig) { a.metadata = m })
+}
+
+// MaxOwner is the longest owner ID WithOwner accepts, in bytes.
+const MaxOwner = 256
+
+// WithOwner makes the lock reentrant for owner: an acquisition by the same
+// owner of resources that owner already holds succeeds at once (one quorum
+// round) and adds a hold, counted on every node in the same script as the
+// acquisition; each Lock's Release removes its own hold, and the keys are
+// deleted when the last hold is released. TTLs are refreshed on reentry
+// and never lowered; the fencing token stays the same on reentry. Another
+// owner is refused as usual. Holds are keyed by an acquisition ID, so a
+// retried script never counts twice. Go has no goroutine identity: owner is
+// yours to choose (a job ID, a request ID), non-empty and at most MaxOwner
+// bytes; whoever knows it shares the lock. Default: not reentrant.
+func WithOwner(owner string) AcquireOption {
+	return acquireOption(func(a *acquireConfig) { a.owner, a.ownerSet = owner, true })
 }
 
 type acquireOption func(*acquireConfig)

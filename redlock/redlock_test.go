@@ -78,13 +78,15 @@ func TestMutualExclusionUnderContention(t *testing.T) {
 	for w := range workers {
 		// Each worker has its own clients and Client, as separate
 		// processes would.
-		c := newClient(t, cl.Clients(t), redlock.WithRetry(fastRetry))
+		// A generous node timeout: this test is about exclusion, and the
+		// race detector on a loaded 2-core machine stretches round trips.
+		c := newClient(t, cl.Clients(t), redlock.WithRetry(fastRetry), redlock.WithNodeTimeout(500*time.Millisecond))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for range cycles {
 				actx, cancel := context.WithTimeout(ctx, 20*time.Second)
-				l, err := c.Acquire(actx, []string{"shared"}, time.Second)
+				l, err := c.Acquire(actx, []string{"shared"}, 3*time.Second)
 				cancel()
 				if err != nil {
 					t.Errorf("worker %d: Acquire: %v", w, err)
@@ -98,7 +100,10 @@ func TestMutualExclusionUnderContention(t *testing.T) {
 					t.Errorf("worker %d: held past Until", w)
 				}
 				inside.Add(-1)
-				if err := l.Release(ctx); err != nil {
+				// A release that no quorum confirmed in time (ErrUnavailable)
+				// still runs on the nodes; the key check below catches any
+				// that did not.
+				if err := l.Release(ctx); err != nil && !errors.Is(err, redlock.ErrUnavailable) {
 					t.Errorf("worker %d: Release: %v", w, err)
 				}
 				done.Add(1)
@@ -112,9 +117,7 @@ func TestMutualExclusionUnderContention(t *testing.T) {
 	if got := done.Load(); got != workers*cycles {
 		t.Errorf("completed cycles = %d, want %d", got, workers*cycles)
 	}
-	if n := totalKeys(t, cl); n != 0 {
-		t.Errorf("keys left after all releases = %d (%q), want 0", n, cl.Keys(t))
-	}
+	waitNoKeys(t, cl, 2*time.Second)
 }
 
 func TestStoppedMinorityIsBoundedByNodeTimeout(t *testing.T) {
@@ -425,9 +428,16 @@ func TestTTLIsSentInMilliseconds(t *testing.T) {
 	}
 	defer l.Release(ctx)
 	for i, s := range cl {
-		ttl := s.Client(t).PTTL(ctx, "r").Val()
-		if ttl <= 1300*time.Millisecond || ttl > 1500*time.Millisecond {
-			t.Errorf("node %d: PTTL = %v, want about 1500ms", i, ttl)
+		// The round was decided at two grants; the third may still land.
+		var ttl time.Duration
+		for range 100 {
+			if ttl = s.Client(t).PTTL(ctx, "r").Val(); ttl > 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if ttl <= time.Second || ttl > 1500*time.Millisecond {
+			t.Errorf("node %d: PTTL = %v, want about 1500ms (at most 1500)", i, ttl)
 		}
 	}
 }

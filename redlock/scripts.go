@@ -7,31 +7,42 @@ import "github.com/redis/go-redis/v9"
 // EVALSHA and falls back to EVAL only on NOSCRIPT (after SCRIPT FLUSH or a
 // restart), so the steady state costs one round trip per node.
 //
-// Unless said otherwise, KEYS are the lock's keys, ARGV[1] is the lock value
-// and ARGV[2] a TTL in ms.
+// Ownership is the owner token: the first 32 characters of a lock value
+// (see buildValue). It is random per acquisition, or derived from the owner
+// ID of a reentrant lock (WithOwner), so comparing tokens is comparing
+// owners. Reentrant locks keep, beside each lock key, a hash "<key>:holds"
+// whose fields are the acquisition IDs holding it (and "_t", the fencing
+// token of the current hold).
+//
+// Common arguments: ARGV[1] is the lock value, ARGV[2] a TTL in ms.
 
-// acquireScript grants when no lock key is held by another value, setting
-// all of them, and returns {1, token}; otherwise it changes nothing and
-// returns {0, the other holder's value}. A key that already holds our value
-// counts as ours and gets its TTL refreshed, so a retry after a timed-out
-// reply never blocks itself (redis.io distlock spec, step 2, made multi-key
-// and idempotent). With fencing (ARGV[4] = "1") the token is 1 + the
-// largest fencing counter of the lock's resources on this node (KEYS[n+1..]),
-// else 0.
+// acquireScript grants when no lock key is held by another owner, and
+// returns {1, token, reentered}; otherwise it changes nothing and returns
+// {0, the other holder's value}. A key that already holds our owner token
+// counts as ours: a retry after a lost reply never blocks itself
+// (redis.io distlock spec, step 2, made multi-key and idempotent), and an
+// owner may take its lock again (reentrancy). Our existing keys keep their
+// value and get their TTL raised to ARGV[2], never lowered (an earlier hold
+// of the same owner relies on it).
 //
-// With restart gating (ARGV[5] = the gate in ms, else "0") it first checks
-// the node's gate marker (the last KEY): a node without the marker has lost
-// its data (or is new); it stores the server time (TIME) there and refuses
-// with {2, ms left}, and keeps refusing until the gate has passed since then
-// (redis.io distlock spec, "Performance, crash recovery and fsync": delayed
-// restarts). The marker has no TTL, so a node that keeps its data
-// (appendonly + fsync always) is never gated again.
+// ARGV[3] is n, the number of lock keys; ARGV[4] "1" for fencing; ARGV[5] the
+// restart gate in ms or "0"; ARGV[6] the acquisition ID of a reentrant lock
+// or "". KEYS: n lock keys, then n holds keys (reentrant only), then n
+// fencing counters (fencing only), then the gate marker (gating only).
 //
-// KEYS[1..n] are the lock keys, KEYS[n+1..2n] the fencing counters (with
-// fencing only), then the gate marker (with gating only); ARGV[1] is the
-// lock value, ARGV[2] the TTL in ms, ARGV[3] is n.
+// With fencing the token is 1 + the largest counter of the lock's resources,
+// or, when a reentrant owner already holds every key and its hold recorded
+// a token, that token (reentered = 1). With restart gating a node without
+// its marker stores the server time there and refuses ({2, ms left}) until
+// the gate has passed since then (redis.io distlock spec, "Performance,
+// crash recovery and fsync": delayed restarts); the marker has no TTL, so a
+// node that keeps its data (appendonly + fsync always) is never gated again.
 var acquireScript = redis.NewScript(`
 local n = tonumber(ARGV[3])
+local aid = ARGV[6]
+local owner = aid ~= ''
+local foff = n
+if owner then foff = 2 * n end
 if ARGV[5] ~= '0' then
   local gate = tonumber(ARGV[5])
   local gk = KEYS[#KEYS]
@@ -45,65 +56,111 @@ if ARGV[5] ~= '0' then
   local waited = now - (tonumber(since) or 0)
   if waited < gate then return {2, gate - waited} end
 end
+local tok = string.sub(ARGV[1], 1, 32)
+local ttl = tonumber(ARGV[2])
+local mine = 0
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
-  if v and v ~= ARGV[1] then return {0, v} end
+  if v then
+    if string.sub(v, 1, 32) ~= tok then return {0, v} end
+    mine = mine + 1
+  end
+end
+for i = 1, n do
+  if redis.call('PTTL', KEYS[i]) < ttl then
+    redis.call('SET', KEYS[i], redis.call('GET', KEYS[i]) or ARGV[1], 'PX', ttl)
+  end
+  if owner then
+    local h = KEYS[n + i]
+    redis.call('HSET', h, aid, '1')
+    if redis.call('PTTL', h) < ttl then redis.call('PEXPIRE', h, ttl) end
+  end
+end
+if ARGV[4] ~= '1' then return {1, 0, 0} end
+if owner and mine == n then
+  local t = redis.call('HGET', KEYS[n + 1], '_t')
+  if t then return {1, tonumber(t), 1} end
+end
+local token = 0
+for i = foff + 1, foff + n do
+  local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
+  if c > token then token = c end
+end
+return {1, token + 1, 0}
+`)
+
+// fenceScript records a fencing token: when every counter (KEYS[1..n]) is
+// below ARGV[1] it sets them all to it with TTL ARGV[2] ms, notes the token
+// in the holds hashes of a reentrant lock (KEYS[n+1..2n], when ARGV[3] is
+// "1" and the hash exists), and returns 1; otherwise (another acquisition
+// has already recorded this token or a larger one) it changes nothing and
+// returns 0. Because every recorded token is on a majority and needs a
+// majority of nodes below it, two acquisitions never both record the same
+// token.
+var fenceScript = redis.NewScript(`
+local t = tonumber(ARGV[1])
+local n = #KEYS
+if ARGV[3] == '1' then n = n / 2 end
+for i = 1, n do
+  local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
+  if c >= t then return 0 end
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-end
-local token = 0
-if ARGV[4] == '1' then
-  for i = n + 1, 2 * n do
-    local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
-    if c > token then token = c end
+  if ARGV[3] == '1' and redis.call('EXISTS', KEYS[n + i]) == 1 then
+    redis.call('HSET', KEYS[n + i], '_t', ARGV[1])
   end
-  token = token + 1
-end
-return {1, token}
-`)
-
-// fenceScript records a fencing token: when every counter (KEYS) is below
-// ARGV[1] it sets them all to it with TTL ARGV[2] ms and returns 1;
-// otherwise (another acquisition has already recorded this token or a
-// larger one) it changes nothing and returns 0. Because every recorded token
-// is on a majority and needs a majority of nodes below it, two acquisitions
-// never both record the same token.
-var fenceScript = redis.NewScript(`
-local t = tonumber(ARGV[1])
-for _, k in ipairs(KEYS) do
-  local c = tonumber(redis.call('GET', k) or '0') or 0
-  if c >= t then return 0 end
-end
-for _, k in ipairs(KEYS) do
-  redis.call('SET', k, ARGV[1], 'PX', ARGV[2])
 end
 return 1
 `)
 
-// extendScript refreshes the TTL of every key (1) only when all of them
-// still hold our value; otherwise it changes nothing and returns 0. It never
-// creates a key.
+// extendScript sets the TTL of every lock key (KEYS[1..n]) to ARGV[2] only
+// when all of them still hold our owner token, and returns 1; otherwise it
+// changes nothing and returns 0. It never creates a key. For a reentrant
+// lock (ARGV[3] = "1"; KEYS[n+1..2n] are the holds hashes) it only raises
+// TTLs, never lowers them, since other holds of the owner share the keys.
 var extendScript = redis.NewScript(`
-for _, k in ipairs(KEYS) do
-  if redis.call('GET', k) ~= ARGV[1] then return 0 end
+local tok = string.sub(ARGV[1], 1, 32)
+local ttl = tonumber(ARGV[2])
+local owner = ARGV[3] == '1'
+local n = #KEYS
+if owner then n = n / 2 end
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  if not v or string.sub(v, 1, 32) ~= tok then return 0 end
 end
-for _, k in ipairs(KEYS) do
-  redis.call('PEXPIRE', k, ARGV[2])
+for i = 1, #KEYS do
+  if not owner or redis.call('PTTL', KEYS[i]) < ttl then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
 end
 return 1
 `)
 
-// releaseScript deletes every key that holds our value and returns how many
-// it deleted (compare-and-delete, redis.io distlock spec, "Releasing the
-// lock").
+// releaseScript deletes every lock key (KEYS[1..n]) that holds our owner
+// token and returns how many held it (compare-and-delete, redis.io distlock
+// spec, "Releasing the lock"). For a reentrant lock (ARGV[2] is the
+// acquisition ID; KEYS[n+1..2n] are the holds hashes) it removes this
+// acquisition's hold and deletes the key only when no hold is left.
 var releaseScript = redis.NewScript(`
-local n = 0
-for _, k in ipairs(KEYS) do
-  if redis.call('GET', k) == ARGV[1] then
-    redis.call('DEL', k)
-    n = n + 1
+local tok = string.sub(ARGV[1], 1, 32)
+local aid = ARGV[2]
+local n = #KEYS
+if aid ~= '' then n = n / 2 end
+local mine = 0
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  if v and string.sub(v, 1, 32) == tok then
+    mine = mine + 1
+    local last = true
+    if aid ~= '' then
+      local h = KEYS[n + i]
+      redis.call('HDEL', h, aid)
+      last = redis.call('HLEN', h) - redis.call('HEXISTS', h, '_t') <= 0
+      if last then redis.call('DEL', h) end
+    end
+    if last then redis.call('DEL', KEYS[i]) end
   end
 end
-return n
+return mine
 `)

@@ -16,6 +16,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 )
@@ -148,6 +149,8 @@ func (c *SimCluster) Clients() ([]redis.UniversalClient, []*SimLink) {
 		rdb := redis.NewClient(&redis.Options{
 			Addr:            "sim-node-" + strconv.Itoa(i) + ":6379",
 			DisableIdentity: true,
+			// "auto" resolves the host name (DNS, outside the bubble).
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 			Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return n.dial(link)
 			},

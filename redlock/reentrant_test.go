@@ -1,0 +1,90 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+func TestReentrantHoldsCount(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithFencing(true))
+	ctx := context.Background()
+	a := redlock.WithOwner("owner-a")
+	var holds []*redlock.Lock
+	for i := range 3 {
+		l, err := c.TryAcquire(ctx, []string{"r"}, 5*time.Second, a)
+		if err != nil {
+			t.Fatalf("acquisition %d by owner A: %v", i+1, err)
+		}
+		holds = append(holds, l)
+	}
+	if t0, t2 := holds[0].FencingToken(), holds[2].FencingToken(); t0 == 0 || t0 != t2 {
+		t.Errorf("fencing tokens %d then %d: want the same non-zero token on reentry", t0, t2)
+	}
+	b := redlock.WithOwner("owner-b")
+	for i, l := range holds[:2] {
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("release %d: %v", i+1, err)
+		}
+		if _, err := c.TryAcquire(ctx, []string{"r"}, time.Second, b); !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Fatalf("owner B after %d of 3 releases = %v, want ErrNotAcquired", i+1, err)
+		}
+	}
+	if err := holds[2].Release(ctx); err != nil {
+		t.Fatalf("last release: %v", err)
+	}
+	lb, err := c.TryAcquire(ctx, []string{"r"}, time.Second, b)
+	if err != nil {
+		t.Fatalf("owner B after A's last release: %v", err)
+	}
+	if lb.FencingToken() <= holds[0].FencingToken() {
+		t.Errorf("B's token %d does not exceed A's %d", lb.FencingToken(), holds[0].FencingToken())
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, keys := range cl.Keys(t) {
+		for _, k := range keys {
+			if k != "r:fencing" {
+				t.Errorf("node %d keeps %q after every hold was released", i, k)
+			}
+		}
+	}
+}
+
+func TestReentryNeverShortensTheTTL(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	long, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second, redlock.WithOwner("o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := c.TryAcquire(ctx, []string{"r"}, time.Second, redlock.WithOwner("o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := short.Extend(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range cl {
+		if ttl := s.Client(t).PTTL(ctx, "r").Val(); ttl < 5*time.Second {
+			t.Errorf("node %d: PTTL = %v after a shorter reentry and extension, want the first hold's 10s kept", i, ttl)
+		}
+	}
+	_ = short.Release(ctx)
+	_ = long.Release(ctx)
+}
+
+func TestEmptyOwnerIsRejected(t *testing.T) {
+	cl := redlocktest.Start(t, 1)
+	c := newClient(t, cl.Clients(t))
+	if _, err := c.TryAcquire(context.Background(), []string{"r"}, time.Second, redlock.WithOwner("")); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("WithOwner(\"\") = %v, want ErrInvalidArgument", err)
+	}
+}
