@@ -12,15 +12,30 @@ import (
 )
 
 // TestFencingTokensIncreaseAcrossHandoffsAndARestart: 200 handoffs between
-// 4 clients while a node is killed and restarted. The nodes run with
-// appendonly + fsync always, so the restarted node comes back with its keys
-// (the redis.io page's alternative to delayed restarts).
+// 4 clients while a node is killed and restarted: once with appendonly +
+// fsync always (the node comes back with its keys), once without
+// persistence but with restart gating (the node comes back empty and stays
+// out of quorums for the maximum TTL).
 func TestFencingTokensIncreaseAcrossHandoffsAndARestart(t *testing.T) {
-	cl := redlocktest.Start(t, 3, redlocktest.WithAppendOnlyFsyncAlways())
+	t.Run("appendonly", func(t *testing.T) {
+		cl := redlocktest.Start(t, 3, redlocktest.WithAppendOnlyFsyncAlways())
+		fencedHandoffs(t, cl)
+	})
+	t.Run("restart gating", func(t *testing.T) {
+		cl := redlocktest.Start(t, 3)
+		gate := redlock.WithRestartGating(time.Second)
+		// Arm the gate markers, and let them age past the gate.
+		_, _ = newClient(t, cl.Clients(t), gate).TryAcquire(context.Background(), []string{"arm"}, time.Second)
+		time.Sleep(1100 * time.Millisecond)
+		fencedHandoffs(t, cl, gate)
+	})
+}
+
+func fencedHandoffs(t *testing.T, cl redlocktest.Cluster, opts ...redlock.Option) {
 	const clients, handoffs = 4, 200
 	var cs []*redlock.Client
 	for range clients {
-		cs = append(cs, newClient(t, cl.Clients(t), redlock.WithFencing(true), redlock.WithRetry(fastRetry)))
+		cs = append(cs, newClient(t, cl.Clients(t), append(opts, redlock.WithFencing(true), redlock.WithRetry(fastRetry))...))
 	}
 	ctx := context.Background()
 	var mu sync.Mutex // guards tokens, appended in the order holders acquire
