@@ -31,9 +31,10 @@ type Client struct {
 }
 
 type node struct {
-	idx  int
-	rdb  redis.UniversalClient
-	addr string
+	idx   int
+	rdb   redis.UniversalClient
+	addr  string
+	batch batcher // scripts waiting for this node (pipeline.go)
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -99,7 +100,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("node %d (%s) repeats node %d: nodes must be independent", i, addr, j)
 		}
 		seen[id] = i
-		c.nodes[i] = node{idx: i, rdb: rdb, addr: addr}
+		c.nodes[i].idx, c.nodes[i].rdb, c.nodes[i].addr = i, rdb, addr
 	}
 	return c, nil
 }
@@ -344,7 +345,7 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 	}
 	key := c.cfg.keyPrefix + resource
 	rs := c.round(ctx, roundSpec{op: "holder", call: func(ctx context.Context, n *node) (reply, error) {
-		v, err := n.rdb.Get(ctx, key).Result()
+		v, err := n.run(ctx, holderScript, []string{key}).Text()
 		if errors.Is(err, redis.Nil) {
 			return reply{ok: true}, nil
 		}

@@ -344,7 +344,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	rs := c.round(ctx, roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,
 		call: func(ctx context.Context, n *node) (reply, error) {
-			v, err := acquireScript.Run(ctx, n.rdb, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid).Slice()
+			v, err := n.run(ctx, acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid).Slice()
 			return parseAcquire(v, err)
 		},
 		early: true,
@@ -435,7 +435,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 	return c.round(ctx, roundSpec{
 		op: "fence",
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-			return fenceScript.Run(ctx, n.rdb, keys, token, c.cfg.fencingRetention.Milliseconds(), owner)
+			return n.run(ctx, fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner)
 		}, 1),
 		early: true,
 	})
@@ -457,7 +457,7 @@ func (l *Lock) lateGrant(n *node, r reply, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, n.rdb, l.ownedKeys(), l.value, l.aid).Err(); err != nil {
+	if err := n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid).Err(); err != nil {
 		l.c.log.Warn("redlock: cleanup of a late grant failed; the key expires with its TTL",
 			"resources", l.resources, "node", n.addr, "err", err)
 	}
@@ -498,7 +498,7 @@ func (c *Client) releaseAll(ctx context.Context, l *Lock) []NodeResult {
 	l.waitAcquireCalls()
 	keys := l.ownedKeys()
 	return c.round(ctx, roundSpec{op: "release", call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-		return releaseScript.Run(ctx, n.rdb, keys, l.value, l.aid)
+		return n.run(ctx, releaseScript, keys, l.value, l.aid)
 	}, int64(l.nlock))})
 }
 
@@ -574,7 +574,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	rs := c.round(ctx, roundSpec{
 		op: "extend",
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-			return extendScript.Run(ctx, n.rdb, l.ownedKeys(), l.value, ttl.Milliseconds(), owner)
+			return n.run(ctx, extendScript, l.ownedKeys(), l.value, ttl.Milliseconds(), owner)
 		}, 1),
 		early: true,
 	})

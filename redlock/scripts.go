@@ -1,11 +1,9 @@
 package redlock
 
-import "github.com/redis/go-redis/v9"
-
 // The scripts check ownership and change every key of a lock atomically on
-// one node. redis.NewScript computes each SHA1 once; Script.Run sends
-// EVALSHA and falls back to EVAL only on NOSCRIPT (after SCRIPT FLUSH or a
-// restart), so the steady state costs one round trip per node.
+// one node. newScript computes each SHA1 once; scripts go out as EVALSHA
+// and fall back to EVAL only on NOSCRIPT (after SCRIPT FLUSH or a restart),
+// so the steady state costs one round trip per node (see pipeline.go).
 //
 // Ownership is the owner token: the first 32 characters of a lock value
 // (see buildValue). It is random per acquisition, or derived from the owner
@@ -37,7 +35,7 @@ import "github.com/redis/go-redis/v9"
 // the gate has passed since then (redis.io distlock spec, "Performance,
 // crash recovery and fsync": delayed restarts); the marker has no TTL, so a
 // node that keeps its data (appendonly + fsync always) is never gated again.
-var acquireScript = redis.NewScript(`
+var acquireScript = newScript(`
 local n = tonumber(ARGV[3])
 local aid = ARGV[6]
 local owner = aid ~= ''
@@ -97,7 +95,7 @@ return {1, token + 1, 0}
 // returns 0. Because every recorded token is on a majority and needs a
 // majority of nodes below it, two acquisitions never both record the same
 // token.
-var fenceScript = redis.NewScript(`
+var fenceScript = newScript(`
 local t = tonumber(ARGV[1])
 local n = #KEYS
 if ARGV[3] == '1' then n = n / 2 end
@@ -119,7 +117,7 @@ return 1
 // changes nothing and returns 0. It never creates a key. For a reentrant
 // lock (ARGV[3] = "1"; KEYS[n+1..2n] are the holds hashes) it only raises
 // TTLs, never lowers them, since other holds of the owner share the keys.
-var extendScript = redis.NewScript(`
+var extendScript = newScript(`
 local tok = string.sub(ARGV[1], 1, 32)
 local ttl = tonumber(ARGV[2])
 local owner = ARGV[3] == '1'
@@ -142,7 +140,7 @@ return 1
 // spec, "Releasing the lock"). For a reentrant lock (ARGV[2] is the
 // acquisition ID; KEYS[n+1..2n] are the holds hashes) it removes this
 // acquisition's hold and deletes the key only when no hold is left.
-var releaseScript = redis.NewScript(`
+var releaseScript = newScript(`
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]
 local n = #KEYS
@@ -164,3 +162,6 @@ for i = 1, n do
 end
 return mine
 `)
+
+// holderScript returns the value of KEYS[1], or false (Client.Holder).
+var holderScript = newScript(`return redis.call('GET', KEYS[1])`)

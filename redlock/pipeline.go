@@ -1,0 +1,163 @@
+package redlock
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// luaScript is a script with its source, for EVAL when a node answers
+// NOSCRIPT.
+type luaScript struct {
+	*redis.Script
+	src string
+}
+
+func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScript(src), src: src} }
+
+// Pipelining. Concurrent rounds send their scripts for one node through
+// that node's batcher: a caller that finds no batch in flight sends its own
+// script at once (one EVALSHA, as without batching); callers that arrive
+// while a batch is in flight queue up, and when it returns, the first of
+// them sends everything queued as one pipeline (one write, one read). No
+// goroutine is started: the callers take turns. Per-lock semantics are
+// unchanged: each round still has its own deadline (a caller whose context
+// ends while queued leaves the queue, so its script never runs; one whose
+// script was sent keeps waiting for the reply, so that a late grant is
+// cleaned up as without batching), and batches go out one at a time in
+// arrival order, so a release sent after an acquire on the same node runs
+// after it.
+
+// batcher queues the scripts waiting for one node.
+type batcher struct {
+	mu       sync.Mutex
+	queue    []*op
+	flushing bool // a caller is sending a batch
+}
+
+// op is one script call waiting for, or sent in, a batch.
+type op struct {
+	script   *luaScript
+	keys     []string
+	args     []any
+	deadline time.Time
+	res      *redis.Cmd
+	done     chan struct{} // closed once res is set
+	lead     chan struct{} // 1-buffered: this caller is to send the next batch
+}
+
+// run sends script to n through its batcher and returns its reply, or ctx's
+// error when ctx ends first.
+func (n *node) run(ctx context.Context, script *luaScript, keys []string, args ...any) *redis.Cmd {
+	o := &op{script: script, keys: keys, args: args, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	o.deadline, _ = ctx.Deadline()
+	b := &n.batch
+	b.mu.Lock()
+	if !b.flushing {
+		b.flushing = true
+		b.mu.Unlock()
+		n.send([]*op{o})
+		return o.res
+	}
+	b.queue = append(b.queue, o)
+	b.mu.Unlock()
+	select {
+	case <-o.done:
+		return o.res
+	case <-o.lead:
+		b.mu.Lock()
+		batch := b.queue
+		b.queue = nil
+		b.mu.Unlock()
+		n.send(batch)
+		return o.res
+	case <-ctx.Done():
+		b.mu.Lock()
+		i := slices.Index(b.queue, o)
+		if i >= 0 {
+			b.queue = slices.Delete(b.queue, i, i+1) // never sent
+		}
+		select {
+		case <-o.lead: // promoted while leaving: pass the turn on
+			b.handOffLocked()
+		default:
+		}
+		b.mu.Unlock()
+		if i < 0 {
+			// Already sent: wait for the real reply, so that a grant
+			// landing late is seen and handled (lateGrant), as the round
+			// has stopped waiting for this node.
+			<-o.done
+			return o.res
+		}
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(context.Cause(ctx))
+		return cmd
+	}
+}
+
+// handOffLocked gives the next turn to the first queued caller, or ends
+// the flushing state. b.mu must be held.
+func (b *batcher) handOffLocked() {
+	if len(b.queue) > 0 {
+		b.queue[0].lead <- struct{}{}
+		return
+	}
+	b.flushing = false
+}
+
+// send executes batch on n, fills in every op's reply, and passes the turn.
+func (n *node) send(batch []*op) {
+	var deadline time.Time
+	for _, o := range batch {
+		if o.deadline.After(deadline) {
+			deadline = o.deadline
+		}
+	}
+	ctx := context.Background()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	if len(batch) == 1 {
+		o := batch[0]
+		o.res = o.script.Run(ctx, n.rdb, o.keys, o.args...)
+	} else {
+		n.sendPipeline(ctx, batch)
+	}
+	for _, o := range batch {
+		close(o.done)
+	}
+	b := &n.batch
+	b.mu.Lock()
+	b.handOffLocked()
+	b.mu.Unlock()
+}
+
+// sendPipeline sends batch as one pipeline of EVALSHA, then the scripts the
+// node did not know (NOSCRIPT) as one pipeline of EVAL, in order.
+func (n *node) sendPipeline(ctx context.Context, batch []*op) {
+	pipe := n.rdb.Pipeline()
+	for _, o := range batch {
+		o.res = pipe.EvalSha(ctx, o.script.Hash(), o.keys, o.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var again []*op
+	for _, o := range batch {
+		if redis.HasErrorPrefix(o.res.Err(), "NOSCRIPT") {
+			again = append(again, o)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	pipe = n.rdb.Pipeline()
+	for _, o := range again {
+		o.res = pipe.Eval(ctx, o.script.src, o.keys, o.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+}
