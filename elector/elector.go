@@ -360,10 +360,11 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 		trace.WithAttributes(tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity),
 			tracing.Term.Int64(int64(term))))
 	span.AddEvent(tracing.EventLeadershipGained)
-	e.leaderships.Add(ctx, 1)
-	e.leading.Add(ctx, 1)
+	election := metric.WithAttributes(tracing.Election.String(e.name))
+	e.leaderships.Add(ctx, 1, election)
+	e.leading.Add(ctx, 1, election)
 	defer func() {
-		e.leading.Add(ctx, -1)
+		e.leading.Add(ctx, -1, election)
 		span.End()
 	}()
 	lctx, stop := lease.Keep(context.WithValue(ctx, termKey{}, term), redlock.ExtendEvery(e.cfg.renew))

@@ -395,7 +395,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	// Undo the attempt everywhere, also where the answer was missing or
 	// an error: the script may have run there (redis.io distlock spec,
 	// step 5). Detached from ctx, so a cancelled caller still cleans up.
-	c.releaseAll(context.WithoutCancel(ctx), l)
+	c.releaseAll(context.WithoutCancel(ctx), l, "undo")
 	return qerr
 }
 
@@ -494,10 +494,14 @@ func (l *Lock) callDone() {
 // releaseAll runs the release script on every node and waits for every
 // answer up to the node timeout, after waitAcquireCalls, so that a grant
 // landing just after the release cannot survive it on a node that answers.
-func (c *Client) releaseAll(ctx context.Context, l *Lock) []NodeResult {
+//
+// op names the round in telemetry: "release" for Release, "undo" for the
+// cleanup of a failed attempt (whose "held" answers are the other holder's
+// keys, not a lost lock).
+func (c *Client) releaseAll(ctx context.Context, l *Lock, op string) []NodeResult {
 	l.waitAcquireCalls()
 	keys := l.ownedKeys()
-	return c.round(ctx, roundSpec{op: "release", call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
+	return c.round(ctx, roundSpec{op: op, call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 		return n.run(ctx, releaseScript, keys, l.value, l.aid)
 	}, int64(l.nlock))})
 }
@@ -656,7 +660,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if prev == stateReleased {
 		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
 	}
-	rs := l.c.releaseAll(context.WithoutCancel(ctx), l)
+	rs := l.c.releaseAll(context.WithoutCancel(ctx), l, "release")
 	expired := !time.Now().Before(until)
 	ok := count(rs, OutcomeOK)
 	switch {

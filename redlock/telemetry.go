@@ -173,8 +173,9 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs []NodeResult, quorum int, took time.Duration, outcome string) {
 	for _, r := range rs {
 		if r.Outcome == OutcomeError || r.Outcome == OutcomeTimeout {
-			t.nodeErrors.Add(ctx, 1, metric.WithAttributes(semconv.ServerAddressKey.String(r.Addr),
-				tracing.Outcome.String(r.Outcome.String())))
+			host, port := splitAddr(r.Addr)
+			t.nodeErrors.Add(ctx, 1, metric.WithAttributes(semconv.ServerAddressKey.String(host),
+				semconv.ServerPortKey.Int(port), tracing.Outcome.String(r.Outcome.String())))
 		}
 	}
 	if op == "acquire" && outcome == tracing.OutcomeContended {
@@ -235,6 +236,10 @@ func roundOutcome(op string, rs []NodeResult, quorum int) string {
 		return tracing.OutcomeGranted
 	case count(rs, OutcomeError)+count(rs, OutcomeTimeout)+count(rs, OutcomeGated) > n-quorum:
 		return tracing.OutcomeUnavailable
+	case op == "undo":
+		// Undoing a failed attempt: nodes that answer "held" keep the
+		// other holder's key and none of ours. Nothing was lost.
+		return tracing.OutcomeGranted
 	case op == "extend" || op == "release":
 		if count(rs, OutcomeHeld) > n-quorum {
 			return tracing.OutcomeLost
@@ -251,17 +256,25 @@ func (t *telemetry) nodeSpan(ctx context.Context, n *node, op string) (context.C
 	}
 	ctx, span := t.tracer.Start(ctx, "EVALSHA", trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
-		host, port, err := net.SplitHostPort(n.addr)
-		if err != nil {
-			host = n.addr
-		}
+		host, port := splitAddr(n.addr)
 		span.SetAttributes(semconv.DBSystemNameRedis, semconv.DBOperationNameKey.String("EVALSHA"),
 			semconv.ServerAddressKey.String(host), tracing.RoundOp.String(op))
-		if p, err := strconv.Atoi(port); err == nil {
-			span.SetAttributes(semconv.ServerPortKey.Int(p))
+		if port != 0 {
+			span.SetAttributes(semconv.ServerPortKey.Int(port))
 		}
 	}
 	return ctx, span
+}
+
+// splitAddr splits "host:port" for the server.address and server.port
+// conventions; port is 0 when addr has none.
+func splitAddr(addr string) (host string, port int) {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, 0
+	}
+	port, _ = strconv.Atoi(p)
+	return h, port
 }
 
 // traceparent returns the W3C traceparent of sc, or "" if sc is not valid.

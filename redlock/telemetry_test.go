@@ -77,6 +77,13 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 	if got := attrs(waiterAcquire)[tracing.Resources].AsStringSlice(); len(got) != 1 || got[0] != "report" {
 		t.Errorf("waiter Acquire resources = %v", got)
 	}
+	// Contention is not an error anywhere in the waiter's trace, also not
+	// in the rounds that undo its refused attempts (found with Jaeger).
+	for _, s := range spans {
+		if s.SpanContext().TraceID() == waiterAcquire.SpanContext().TraceID() && s.Status().Code == codes.Error {
+			t.Errorf("span %s (op %s) in the waiter's trace has status Error: %v", s.Name(), attrs(s)[tracing.RoundOp].AsString(), s.Status())
+		}
+	}
 	var contended, granted int
 	for _, s := range spans {
 		if s.Name() != tracing.SpanRound || s.Parent().SpanID() != waiterAcquire.SpanContext().SpanID() {

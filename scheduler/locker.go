@@ -196,7 +196,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	marker, err := l.take(lctx, tickRes, l.tickTTL())
 	if err != nil {
 		err = l.lockError(key, tick, "tick", err)
-		l.skipped(ctx, span, err)
+		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
 	run, err := l.take(lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl)
@@ -207,7 +207,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 			_ = marker.Release(context.WithoutCancel(sctx))
 		}
 		err = l.lockError(key, tick, "run", err)
-		l.skipped(ctx, span, err)
+		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
 	span.SetAttributes(tracing.Outcome.String(tracing.OutcomeRan))
@@ -256,7 +256,7 @@ const splitDelay = 15 * time.Millisecond
 const tickFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // skipped ends the run span of a tick that does not run here.
-func (l *Locker) skipped(ctx context.Context, span trace.Span, err error) {
+func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err error) {
 	outcome := tracing.OutcomeSkippedHeld
 	switch {
 	case errors.Is(err, redlock.ErrUnavailable):
@@ -271,7 +271,7 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, err error) {
 	}
 	span.SetAttributes(tracing.Outcome.String(outcome))
 	span.End()
-	l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Outcome.String(outcome)))
+	l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(job), tracing.Outcome.String(outcome)))
 }
 
 // isHeld reports whether err is a round lost to another holder.

@@ -49,6 +49,14 @@
 // child stops at the end of its -duration, on SIGTERM or SIGINT, and when its
 // standard output is gone (the parent died).
 //
+// When OTEL_EXPORTER_OTLP_ENDPOINT (or another OTEL_EXPORTER_OTLP_*_ENDPOINT)
+// is set, the program exports its traces and metrics over OTLP, configured
+// by the standard OTEL_* variables (package tracing/otlp), with service name
+// schedlock-example-cron; in process mode each child exports as
+// schedlock-example-cron-<instance>. With Jaeger (docs/observability.md):
+//
+//	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 OTEL_METRICS_EXPORTER=none go run ./example/cron
+//
 // The instance whose clock is furthest ahead fires first and so usually wins
 // every tick: that is expected. What matters is that no tick runs twice and
 // none is lost, even when that instance is killed (-kill-one). Clock offsets
@@ -69,6 +77,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/schedlock/schedlock/tracing/otlp"
 )
 
 func main() {
@@ -123,6 +133,28 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if err != nil {
 		return err
+	}
+	// Export telemetry from the processes that run instances: this one in
+	// inproc mode, each child in process mode.
+	if otlp.Enabled() && (cfg.childID >= 0 || cfg.mode == "inproc") {
+		service := "schedlock-example-cron"
+		if cfg.childID >= 0 {
+			service += "-" + strconv.Itoa(cfg.childID)
+		}
+		shutdown, err := otlp.Setup(ctx, service)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// Last: after every instance has stopped. An export failure
+			// does not change the verdict on the ticks (the exit status);
+			// it goes to stderr, as a child's stdout carries JSON.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := shutdown(sctx); err != nil {
+				fmt.Fprintln(os.Stderr, "cron: telemetry:", err)
+			}
+		}()
 	}
 	if cfg.childID >= 0 {
 		return runChild(ctx, cfg, stdout)
