@@ -280,15 +280,13 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	rs.closed = true
-	out := make([]NodeResult, n)
-	for i, r := range rs.results {
-		if r.Outcome < 0 {
+	rs.closed = true // later answers go to spec.late and never touch results
+	for i := range rs.results {
+		if r := &rs.results[i]; r.Outcome < 0 {
 			r.Outcome, r.Err, r.Latency = missing, cause, time.Since(start)
 		}
-		out[i] = r
 	}
-	return out
+	return rs.results
 }
 
 func isTimeout(err error) bool {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/schedlock/schedlock/tracing"
@@ -266,7 +265,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 // and metrics.
 func (c *Client) endAcquire(ctx context.Context, span trace.Span, start time.Time, attempts int, l *Lock, err error) {
 	outcome, _ := classify(err)
-	c.tel.acquireDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(tracing.Outcome.String(outcome)))
+	c.tel.acquireDur.Record(ctx, time.Since(start).Seconds(), outcomeAttrs(outcome))
 	if span.IsRecording() {
 		span.SetAttributes(tracing.Attempts.Int(attempts))
 		if err == nil && l.fencing {

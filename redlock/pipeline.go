@@ -40,28 +40,28 @@ type batcher struct {
 
 // op is one script call waiting for, or sent in, a batch.
 type op struct {
-	script   *luaScript
-	keys     []string
-	args     []any
-	deadline time.Time
-	res      *redis.Cmd
-	done     chan struct{} // closed once res is set
-	lead     chan struct{} // 1-buffered: this caller is to send the next batch
+	ctx    context.Context // the caller's; used when the op is sent alone
+	script *luaScript
+	keys   []string
+	args   []any
+	res    *redis.Cmd
+	done   chan struct{} // closed once res is set; nil for the sender's own op
+	lead   chan struct{} // 1-buffered: this caller is to send the next batch
 }
 
 // run sends script to n through its batcher and returns its reply, or ctx's
 // error when ctx ends first.
 func (n *node) run(ctx context.Context, script *luaScript, keys []string, args ...any) *redis.Cmd {
-	o := &op{script: script, keys: keys, args: args, done: make(chan struct{}), lead: make(chan struct{}, 1)}
-	o.deadline, _ = ctx.Deadline()
+	o := &op{ctx: ctx, script: script, keys: keys, args: args}
 	b := &n.batch
 	b.mu.Lock()
 	if !b.flushing {
 		b.flushing = true
 		b.mu.Unlock()
-		n.send([]*op{o})
+		n.sendOne(o)
 		return o.res
 	}
+	o.done, o.lead = make(chan struct{}), make(chan struct{}, 1)
 	b.queue = append(b.queue, o)
 	b.mu.Unlock()
 	select {
@@ -109,29 +109,44 @@ func (b *batcher) handOffLocked() {
 	b.flushing = false
 }
 
-// send executes batch on n, fills in every op's reply, and passes the turn.
+// sendOne sends the op of a caller that found no batch in flight, with the
+// caller's own context, and passes the turn.
+func (n *node) sendOne(o *op) {
+	o.res = o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
+	n.passTurn()
+}
+
+// send sends a batch of queued ops: alone with its caller's context, or as
+// a pipeline under the latest of their deadlines (but none's cancellation:
+// the others still wait for it). It fills in every op's reply and passes
+// the turn.
 func (n *node) send(batch []*op) {
-	var deadline time.Time
-	for _, o := range batch {
-		if o.deadline.After(deadline) {
-			deadline = o.deadline
-		}
-	}
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
 	if len(batch) == 1 {
 		o := batch[0]
-		o.res = o.script.Run(ctx, n.rdb, o.keys, o.args...)
+		o.res = o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
 	} else {
+		var deadline time.Time
+		for _, o := range batch {
+			if d, ok := o.ctx.Deadline(); ok && d.After(deadline) {
+				deadline = d
+			}
+		}
+		ctx := context.Background()
+		if !deadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
 		n.sendPipeline(ctx, batch)
 	}
 	for _, o := range batch {
 		close(o.done)
 	}
+	n.passTurn()
+}
+
+// passTurn lets the first queued caller send the next batch.
+func (n *node) passTurn() {
 	b := &n.batch
 	b.mu.Lock()
 	b.handOffLocked()

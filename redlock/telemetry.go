@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -152,8 +153,13 @@ func classify(err error) (outcome, errType string) {
 	return "error", tracing.ErrorTypeOther
 }
 
-// startRound starts a round span as a child of ctx's span.
+// startRound starts a round span as a child of ctx's span. Under a span
+// that records nothing (no SDK installed, or sampled out) it starts none:
+// a round is only ever seen inside its operation.
 func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, quorum int) (context.Context, trace.Span) {
+	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
+		return ctx, parent
+	}
 	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, trace.WithSpanKind(trace.SpanKindInternal))
 	if span.IsRecording() {
 		span.SetAttributes(
@@ -181,10 +187,9 @@ func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs
 	if op == "acquire" && outcome == tracing.OutcomeContended {
 		t.contention.Add(ctx, 1)
 	}
-	t.roundDur.Record(ctx, took.Seconds(), metric.WithAttributes(tracing.RoundOp.String(op), tracing.Outcome.String(outcome)))
+	t.roundDur.Record(ctx, took.Seconds(), roundAttrs(op, outcome))
 	if !span.IsRecording() {
-		span.End()
-		return
+		return // no span was started (startRound)
 	}
 	addrs := make([]string, len(rs))
 	outcomes := make([]string, len(rs))
@@ -226,6 +231,30 @@ func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs
 		span.SetStatus(codes.Error, op+" round: "+outcome)
 	}
 	span.End()
+}
+
+// attrCache holds metric attribute options by key, built once each.
+var attrCache sync.Map // string -> metric.MeasurementOption
+
+// roundAttrs returns the attributes of a round duration measurement.
+func roundAttrs(op, outcome string) metric.MeasurementOption {
+	key := op + "\x00" + outcome
+	if o, ok := attrCache.Load(key); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(tracing.RoundOp.String(op), tracing.Outcome.String(outcome)))
+	attrCache.Store(key, o)
+	return o
+}
+
+// outcomeAttrs returns the attributes of a measurement with only an outcome.
+func outcomeAttrs(outcome string) metric.MeasurementOption {
+	if o, ok := attrCache.Load(outcome); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o := metric.WithAttributeSet(attribute.NewSet(tracing.Outcome.String(outcome)))
+	attrCache.Store(outcome, o)
+	return o
 }
 
 // roundOutcome is the default outcome of a round's results.
