@@ -652,6 +652,10 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	}
 	ctx, span := l.c.tel.startOp(ctx, tracing.SpanRelease, l.resources, 0)
 	defer func() { endOp(span, err) }()
+	// Let the acquire calls still on their way land first, while the lock
+	// is still held: their grants then belong to the lock and this release
+	// deletes them, instead of each late grant sending a release of its own.
+	l.waitAcquireCalls()
 	l.mu.Lock()
 	prev, until := l.state, l.until
 	l.setStateLocked(ctx, stateReleased)
