@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -169,6 +170,8 @@ func okCall(run func(ctx context.Context, n *node) *redis.Cmd, want int64) nodeC
 // roundState collects the answers of one quorum round. Answers that arrive
 // after the round was decided are "late" and go to the late callback.
 type roundState struct {
+	running atomic.Int32       // node calls not yet returned
+	cancel  context.CancelFunc // of the round's node context, called by the last call
 	mu      sync.Mutex
 	closed  bool
 	results []NodeResult
@@ -182,6 +185,7 @@ type roundSpec struct {
 	attempt int           // acquire rounds: 1-based attempt number
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
 	call    nodeCall
+	skip    []bool                            // optional: nodes not to call, counted as OutcomeOK
 	early   bool                              // decide as soon as the outcome is known
 	late    func(n *node, r reply, err error) // optional: an answer after the decision
 	done    func()                            // optional: after each node's call and late handling
@@ -216,16 +220,42 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		rs.results[i] = NodeResult{Node: i, Addr: c.nodes[i].addr, Outcome: -1}
 	}
 	start := time.Now()
+	// One deadline for the whole round: every node has the same per-node
+	// timeout. The context lives until the last call returns, so that calls
+	// still running after an early decision can finish.
+	nctx, cancel := context.WithTimeout(ctx, c.cfg.nodeTimeout)
+	rs.cancel = cancel
+	calls := n
+	for i := range spec.skip {
+		if spec.skip[i] {
+			rs.results[i].Outcome = OutcomeOK
+			rs.ok++
+			calls--
+		}
+	}
+	if calls == 0 {
+		cancel()
+		close(rs.decided)
+		rs.closed = true
+		return rs.results
+	}
+	rs.running.Store(int32(calls))
 	for i := range c.nodes {
+		if i < len(spec.skip) && spec.skip[i] {
+			continue
+		}
 		nd := &c.nodes[i]
 		go func() {
 			if spec.done != nil {
 				defer spec.done()
 			}
-			cctx, cancel := context.WithTimeout(ctx, c.cfg.nodeTimeout)
-			cctx, nspan := c.tel.nodeSpan(cctx, nd, spec.op)
+			defer func() {
+				if rs.running.Add(-1) == 0 {
+					rs.cancel() // the last call of the round has returned
+				}
+			}()
+			cctx, nspan := c.tel.nodeSpan(nctx, nd, spec.op)
 			rep, err := spec.call(cctx, nd)
-			cancel()
 			if nspan != nil {
 				if err != nil {
 					nspan.SetStatus(codes.Error, err.Error())

@@ -37,6 +37,8 @@ type Lock struct {
 	inflight int           // acquire calls not yet finished (see waitIdle)
 	idle     chan struct{} // closed when inflight drops to 0
 	granted  time.Time     // when the lock was first held (hold duration metric)
+	// acquireDeadline is the end of the last acquire round's node timeout.
+	acquireDeadline time.Time
 }
 
 type lockState int
@@ -334,8 +336,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 		l.idle = make(chan struct{})
 	}
 	l.inflight += len(c.nodes)
-	l.mu.Unlock()
 	start := time.Now()
+	l.acquireDeadline = start.Add(c.cfg.nodeTimeout)
+	l.mu.Unlock()
 	fencing := "0"
 	if l.fencing {
 		fencing = "1"
@@ -394,7 +397,13 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	// Undo the attempt everywhere, also where the answer was missing or
 	// an error: the script may have run there (redis.io distlock spec,
 	// step 5). Detached from ctx, so a cancelled caller still cleans up.
-	c.releaseAll(context.WithoutCancel(ctx), l, "undo")
+	// A node that answered "held" set nothing (the script is all or
+	// nothing, and our own keys would have counted as ours): skip it.
+	skip := make([]bool, len(rs))
+	for i, r := range rs {
+		skip[i] = r.Outcome == OutcomeHeld
+	}
+	c.releaseAll(context.WithoutCancel(ctx), l, "undo", skip)
 	return qerr
 }
 
@@ -462,18 +471,19 @@ func (l *Lock) lateGrant(n *node, r reply, err error) {
 	}
 }
 
-// waitAcquireCalls waits, up to the node timeout, until no acquire call of
-// l is on its way (a round decided early leaves the slower nodes' calls
+// waitAcquireCalls waits, at most until the node timeout of the last
+// acquire round has passed, until no acquire call of l is on its way (a round decided early leaves the slower nodes' calls
 // running), so that an Extend or release that follows is not overtaken by
 // a grant on the same node.
 func (l *Lock) waitAcquireCalls() {
 	l.mu.Lock()
-	idle, busy := l.idle, l.inflight > 0
+	idle, busy, deadline := l.idle, l.inflight > 0, l.acquireDeadline
 	l.mu.Unlock()
-	if !busy {
-		return
+	wait := time.Until(deadline)
+	if !busy || wait <= 0 {
+		return // a call still running past its round's node timeout is a frozen node
 	}
-	t := time.NewTimer(l.c.cfg.nodeTimeout)
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-idle:
@@ -497,10 +507,10 @@ func (l *Lock) callDone() {
 // op names the round in telemetry: "release" for Release, "undo" for the
 // cleanup of a failed attempt (whose "held" answers are the other holder's
 // keys, not a lost lock).
-func (c *Client) releaseAll(ctx context.Context, l *Lock, op string) []NodeResult {
+func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool) []NodeResult {
 	l.waitAcquireCalls()
 	keys := l.ownedKeys()
-	return c.round(ctx, roundSpec{op: op, call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
+	return c.round(ctx, roundSpec{op: op, skip: skip, call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 		return n.run(ctx, releaseScript, keys, l.value, l.aid)
 	}, int64(l.nlock))})
 }
@@ -663,7 +673,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if prev == stateReleased {
 		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
 	}
-	rs := l.c.releaseAll(context.WithoutCancel(ctx), l, "release")
+	rs := l.c.releaseAll(context.WithoutCancel(ctx), l, "release", nil)
 	expired := !time.Now().Before(until)
 	ok := count(rs, OutcomeOK)
 	switch {
