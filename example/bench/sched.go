@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/scheduler"
+)
+
+// Scheduler-scale metric names.
+const (
+	mJobTicks        = "job_ticks"
+	mRunsPerTick     = "runs_per_job_tick"
+	mMissed          = "missed_job_ticks"
+	mDup             = "duplicate_job_ticks"
+	mServerCmdsTick  = "server_cmds_per_job_tick"
+	mClientCmdsTick  = "client_cmds_per_job_tick"
+	mCPUCores        = "client_cpu_cores"
+	mCPUPerTickUS    = "client_cpu_us_per_job_tick"
+	mRedisCPUCores   = "redis_cpu_cores"
+	mLockErrHeld     = "lock_errors_held_elsewhere"
+	mLockErrOther    = "lock_errors_other"
+	mInstances       = "instances"
+	mJobs            = "jobs"
+	mWindowSeconds   = "window_s"
+	mClientCPUPerIns = "client_cpu_cores_per_instance"
+)
+
+// tickRecorder counts runs per job and tick (Unix second).
+type tickRecorder struct {
+	mu   sync.Mutex
+	jobs int
+	runs map[int64][]int32
+}
+
+func (r *tickRecorder) add(job int, tick time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := tick.Unix()
+	c := r.runs[t]
+	if c == nil {
+		c = make([]int32, r.jobs)
+		r.runs[t] = c
+	}
+	c[job]++
+}
+
+// runScheduler runs runSchedOnce for each job count.
+func (b *bench) runScheduler(ctx context.Context) error {
+	for _, jobs := range b.cfg.schedJobs {
+		if err := b.runSchedOnce(ctx, jobs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runSchedOnce runs jobs cron jobs ("* * * * * *") on each of
+// cfg.schedInstances scheduler.Scheduler instances in this process (each
+// with its own go-redis clients and redlock.Client, as separate processes
+// would have) on the first cfg.schedNodes nodes, and measures a window of
+// whole ticks after a warm-up.
+func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
+	n := b.cfg.schedNodes
+	if len(b.nodes) < n {
+		b.logf("sched: skipped: needs %d nodes", n)
+		return nil
+	}
+	nodes := b.nodes[:n]
+	rec := &tickRecorder{jobs: jobs, runs: map[int64][]int32{}}
+	var cnt counter
+	var held, other atomic.Int64
+	var lastOther atomic.Value // an error of the window
+	var inWindow atomic.Bool
+	var clients []*redis.Client
+	defer func() { closeAll(clients) }()
+	var scheds []*scheduler.Scheduler
+	defer func() {
+		for _, s := range scheds {
+			_ = s.Shutdown()
+		}
+	}()
+	for i := range b.cfg.schedInstances {
+		cs := goRedisClients(nodes.addrs(), &cnt)
+		clients = append(clients, cs...)
+		uc := make([]redis.UniversalClient, len(cs))
+		for j, c := range cs {
+			uc[j] = c
+		}
+		rc, err := redlock.New(uc)
+		if err != nil {
+			return err
+		}
+		s, err := scheduler.New(rc, scheduler.WithLockerOptions(scheduler.WithInstanceID(fmt.Sprintf("bench-%d", i))))
+		if err != nil {
+			return err
+		}
+		scheds = append(scheds, s)
+		onLockErr := gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
+			if errors.Is(err, scheduler.ErrHeldElsewhere) {
+				held.Add(1)
+				return
+			}
+			other.Add(1)
+			if inWindow.Load() {
+				lastOther.Store(err.Error())
+			}
+		})
+		for j := range jobs {
+			task := gocron.NewTask(func(ctx context.Context) {
+				if tick, ok := scheduler.TickFromContext(s.RunContext(ctx)); ok {
+					rec.add(j, tick)
+				}
+			})
+			if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), task,
+				gocron.WithName(fmt.Sprintf("job-%d", j)), gocron.WithEventListeners(onLockErr)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, s := range scheds {
+		s.Start()
+	}
+	// The window starts and ends half-way between ticks and holds whole
+	// ticks only.
+	t0 := time.Now().Add(b.cfg.schedWarmup).Truncate(time.Second).Add(time.Second + 500*time.Millisecond)
+	win := b.cfg.schedDur.Round(time.Second)
+	win = max(win, time.Second)
+	t1 := t0.Add(win)
+	b.logf("sched: %d jobs x %d instances on %d nodes; window %s .. %s", jobs, b.cfg.schedInstances, n,
+		t0.Format("15:04:05.000"), t1.Format("15:04:05.000"))
+	if err := sleepUntil(ctx, t0); err != nil {
+		return err
+	}
+	cpu0 := processCPU()
+	srv0, err := nodes.commandCalls(ctx)
+	if err != nil {
+		return err
+	}
+	cli0 := cnt.n.Load()
+	rcpu0 := nodes.cpu()
+	held0, other0 := held.Load(), other.Load()
+	w0 := time.Now()
+	inWindow.Store(true)
+	if err := sleepUntil(ctx, t1); err != nil {
+		return err
+	}
+	wall := time.Since(w0)
+	inWindow.Store(false)
+	cpu := processCPU() - cpu0
+	srv1, err := nodes.commandCalls(ctx)
+	if err != nil {
+		return err
+	}
+	cli := cnt.n.Load() - cli0
+	rcpu := nodes.cpu() - rcpu0
+	heldN, otherN := held.Load()-held0, other.Load()-other0
+	// Let the runs of the last ticks finish, then stop.
+	time.Sleep(time.Second)
+	for _, s := range scheds {
+		_ = s.Shutdown()
+	}
+	scheds = nil
+
+	jobTicks := jobs * int(win/time.Second)
+	var runs, missed, dup int
+	rec.mu.Lock()
+	// The ticks of the window: the whole seconds between t0 and t1.
+	for t := t0.Add(500 * time.Millisecond); t.Before(t1); t = t.Add(time.Second) {
+		c := rec.runs[t.Unix()]
+		for j := range jobs {
+			var k int32
+			if c != nil {
+				k = c[j]
+			}
+			runs += int(k)
+			switch {
+			case k == 0:
+				missed++
+			case k > 1:
+				dup++
+			}
+		}
+	}
+	rec.mu.Unlock()
+	res := result{Workload: wSched, Nodes: n, Lib: libOurs, Metrics: map[string]float64{
+		mInstances:       float64(b.cfg.schedInstances),
+		mJobs:            float64(jobs),
+		mWindowSeconds:   win.Seconds(),
+		mJobTicks:        float64(jobTicks),
+		mRunsPerTick:     float64(runs) / float64(jobTicks),
+		mMissed:          float64(missed),
+		mDup:             float64(dup),
+		mServerCmdsTick:  float64(srv1-srv0) / float64(jobTicks),
+		mClientCmdsTick:  float64(cli) / float64(jobTicks),
+		mCPUCores:        cpu.Seconds() / wall.Seconds(),
+		mClientCPUPerIns: cpu.Seconds() / wall.Seconds() / float64(b.cfg.schedInstances),
+		mCPUPerTickUS:    us(cpu) / float64(jobTicks),
+		mRedisCPUCores:   rcpu.Seconds() / wall.Seconds(),
+		mLockErrHeld:     float64(heldN),
+		mLockErrOther:    float64(otherN),
+	}}
+	if s, ok := lastOther.Load().(string); ok {
+		if len(s) > 400 {
+			s = s[:400] + "…"
+		}
+		res.Note = "an other lock error: " + s
+	}
+	b.add(res)
+	return nil
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	tm := time.NewTimer(time.Until(t))
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// processCPU returns the user + system CPU time of this process.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
