@@ -434,10 +434,11 @@ func parseAcquire(v []any, err error) (reply, error) {
 // fence records token on the fencing counters of l on every node (see
 // fenceScript) and returns the round's results.
 func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult {
-	keys := l.fenceKeys()
+	// A new slice: fenceKeys aliases l.keys, and appending to it would
+	// overwrite the gate marker that follows.
+	keys := slices.Concat(l.fenceKeys(), l.holdKeys())
 	owner := "0"
 	if l.aid != "" {
-		keys = append(keys, l.holdKeys()...)
 		owner = "1"
 	}
 	return c.round(ctx, roundSpec{

@@ -88,3 +88,44 @@ func TestEmptyOwnerIsRejected(t *testing.T) {
 		t.Errorf("WithOwner(\"\") = %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestReentrantFencedGatedLock: every option that adds keys to a lock at
+// once (holds hashes, fencing counters, the gate marker), on real servers.
+func TestReentrantFencedGatedLock(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	const gate = 500 * time.Millisecond
+	c := newClient(t, cl.Clients(t), redlock.WithFencing(true), redlock.WithRestartGating(gate))
+	ctx := context.Background()
+	_, _ = c.TryAcquire(ctx, []string{"arm"}, gate)
+	time.Sleep(gate + 100*time.Millisecond)
+	owner := redlock.WithOwner("o")
+	first, err := c.TryAcquire(ctx, []string{"a"}, gate, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.TryAcquire(ctx, []string{"a"}, gate, owner)
+	if err != nil {
+		t.Fatalf("reentry: %v", err)
+	}
+	if first.FencingToken() != again.FencingToken() || first.FencingToken() == 0 {
+		t.Errorf("tokens %d and %d, want the same non-zero token", first.FencingToken(), again.FencingToken())
+	}
+	for i, s := range cl {
+		for _, k := range s.Keys(t) {
+			if k == "redlock:restart-gate" {
+				continue
+			}
+			switch k {
+			case "a", "a:holds", "a:fencing", "arm:fencing":
+			default:
+				t.Errorf("node %d has unexpected key %q", i, k)
+			}
+		}
+	}
+	if err := again.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
