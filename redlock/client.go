@@ -189,6 +189,9 @@ type roundSpec struct {
 	early   bool                              // decide as soon as the outcome is known
 	late    func(n *node, r reply, err error) // optional: an answer after the decision
 	done    func()                            // optional: after each node's call and late handling
+	// deadline, if set and earlier than the node timeout, ends the round
+	// and drops its scripts still queued for a busy node (extend: Until).
+	deadline time.Time
 }
 
 // round sends call to every node in parallel and waits until every node has
@@ -223,7 +226,11 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 	// One deadline for the whole round: every node has the same per-node
 	// timeout. The context lives until the last call returns, so that calls
 	// still running after an early decision can finish.
-	nctx, cancel := context.WithTimeout(ctx, c.cfg.nodeTimeout)
+	end := start.Add(c.cfg.nodeTimeout)
+	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
+		end = spec.deadline
+	}
+	nctx, cancel := context.WithDeadline(ctx, end)
 	rs.cancel = cancel
 	calls := n
 	for i := range spec.skip {
@@ -296,7 +303,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 			rs.mu.Unlock()
 		}()
 	}
-	timer := time.NewTimer(c.cfg.nodeTimeout)
+	timer := time.NewTimer(time.Until(end))
 	defer timer.Stop()
 	var cause error
 	missing := OutcomeTimeout

@@ -587,6 +587,9 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	start := time.Now()
 	rs := c.round(ctx, roundSpec{
 		op: "extend",
+		// No extension leaves after the validity ends: a script still
+		// queued for a busy node at Until is dropped, never sent.
+		deadline: l.Until(),
 		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
 			return n.run(ctx, extendScript, l.ownedKeys(), l.value, ttl.Milliseconds(), owner)
 		}, 1),
@@ -609,6 +612,11 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	if count(rs, OutcomeHeld) > len(rs)-c.quorum {
 		l.setStateLocked(ctx, stateLost)
 		return c.quorumError("extend", l.resources, rs, ErrLockLost)
+	}
+	if !time.Now().Before(l.until) {
+		l.setStateLocked(ctx, stateLost)
+		return fmt.Errorf("%w: %q: validity ended at %v before a quorum confirmed the extension: %w",
+			ErrLockLost, l.resources, l.until, c.unconfirmed("extend", l.resources, rs))
 	}
 	// Not lost for sure, not confirmed either: nodes failed.
 	return c.unconfirmed("extend", l.resources, rs)

@@ -112,8 +112,19 @@ func (b *batcher) handOffLocked() {
 // sendOne sends the op of a caller that found no batch in flight, with the
 // caller's own context, and passes the turn.
 func (n *node) sendOne(o *op) {
-	o.res = o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
+	o.res = n.exec(o)
 	n.passTurn()
+}
+
+// exec sends one op unless its caller's context has already ended: a script
+// is never sent after its round's deadline.
+func (n *node) exec(o *op) *redis.Cmd {
+	if err := o.ctx.Err(); err != nil {
+		cmd := redis.NewCmd(o.ctx)
+		cmd.SetErr(context.Cause(o.ctx))
+		return cmd
+	}
+	return o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
 }
 
 // send sends a batch of queued ops: alone with its caller's context, or as
@@ -121,12 +132,21 @@ func (n *node) sendOne(o *op) {
 // the others still wait for it). It fills in every op's reply and passes
 // the turn.
 func (n *node) send(batch []*op) {
-	if len(batch) == 1 {
-		o := batch[0]
+	live := batch[:0:0]
+	for _, o := range batch {
+		if err := o.ctx.Err(); err != nil {
+			o.res = redis.NewCmd(o.ctx)
+			o.res.SetErr(context.Cause(o.ctx)) // its deadline passed while queued
+		} else {
+			live = append(live, o)
+		}
+	}
+	if len(live) == 1 {
+		o := live[0]
 		o.res = o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
-	} else {
+	} else if len(live) > 1 {
 		var deadline time.Time
-		for _, o := range batch {
+		for _, o := range live {
 			if d, ok := o.ctx.Deadline(); ok && d.After(deadline) {
 				deadline = d
 			}
@@ -137,7 +157,7 @@ func (n *node) send(batch []*op) {
 			ctx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
 		}
-		n.sendPipeline(ctx, batch)
+		n.sendPipeline(ctx, live)
 	}
 	for _, o := range batch {
 		close(o.done)
