@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,10 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 	if now := time.Now(); now.Before(end) {
 		end = now // interrupted
 	}
-	return rec.summarize(stdout, start.Add(judgeFrom), end.Add(-judgeUntil), stats)
+	// Ticks are on the instances' clocks: judge the window in tick time,
+	// where every instance was running.
+	lo, hi := slices.Min(offsets), slices.Max(offsets)
+	return rec.summarize(stdout, start.Add(judgeFrom+hi), end.Add(-judgeUntil+lo), stats)
 }
 
 // printHeader tells what is about to happen.

@@ -68,6 +68,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("fencing", flag.ContinueOnError)
 	addrs := fs.String("redis", "", "comma-separated Redis nodes (default: 3 embedded miniredis nodes)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 	var nodes []redis.UniversalClient
@@ -112,7 +115,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "worker 2 holds the expired lock, token %d\n", l2.FencingToken())
+	fmt.Fprintf(out, "worker 2 takes the lock (worker 1's has expired), token %d\n", l2.FencingToken())
 	if err := store.Write(l2.FencingToken(), "written by worker 2"); err != nil {
 		return fmt.Errorf("worker 2's write: %w", err)
 	}
