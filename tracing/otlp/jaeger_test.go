@@ -77,13 +77,22 @@ type jaeger struct {
 	client   *http.Client
 }
 
-// startJaeger starts the Jaeger of JAEGER_BIN with in-memory storage,
-// listening on free ports of 127.0.0.1 only, and stops it when the test
-// ends. It fails the test when JAEGER_BIN is unset, unless
-// SCHEDLOCK_SKIP_JAEGER=1, in which case it skips it.
+// startJaeger starts the Jaeger of JAEGER_BIN (default: the one .ci/test
+// caches under the user cache directory) with in-memory storage, listening
+// on free ports of 127.0.0.1 only, and stops it when the test ends. It fails
+// the test when there is no binary, unless SCHEDLOCK_SKIP_JAEGER=1, in which
+// case it skips it.
 func startJaeger(t *testing.T) *jaeger {
 	t.Helper()
 	bin := os.Getenv("JAEGER_BIN")
+	if bin == "" {
+		// The binary .ci/test builds and caches, if it is there.
+		if cache, err := os.UserCacheDir(); err == nil {
+			if p := filepath.Join(cache, "schedlock", "jaeger-v1.76.0", "jaeger"); fileExists(p) {
+				bin = p
+			}
+		}
+	}
 	if bin == "" {
 		if os.Getenv("SCHEDLOCK_SKIP_JAEGER") == "1" {
 			t.Skip("SCHEDLOCK_SKIP_JAEGER=1 and no JAEGER_BIN: skipping the end-to-end test with Jaeger")
@@ -384,4 +393,9 @@ func short(v any) string {
 		s = s[:2000] + "..."
 	}
 	return strings.TrimSpace(s)
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
 }
