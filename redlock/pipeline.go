@@ -124,7 +124,18 @@ func (n *node) exec(o *op) *redis.Cmd {
 		cmd.SetErr(context.Cause(o.ctx))
 		return cmd
 	}
-	return o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
+	return n.evalOne(o)
+}
+
+// evalOne sends one op as EVALSHA and, on NOSCRIPT, as EVAL, unless its
+// deadline has passed meanwhile (no script leaves after its round's
+// deadline, also not a fallback).
+func (n *node) evalOne(o *op) *redis.Cmd {
+	cmd := n.rdb.EvalSha(o.ctx, o.script.Hash(), o.keys, o.args...)
+	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || o.ctx.Err() != nil {
+		return cmd
+	}
+	return n.rdb.Eval(o.ctx, o.script.src, o.keys, o.args...)
 }
 
 // send sends a batch of queued ops: alone with its caller's context, or as
@@ -142,8 +153,7 @@ func (n *node) send(batch []*op) {
 		}
 	}
 	if len(live) == 1 {
-		o := live[0]
-		o.res = o.script.Run(o.ctx, n.rdb, o.keys, o.args...)
+		live[0].res = n.evalOne(live[0])
 	} else if len(live) > 1 {
 		var deadline time.Time
 		for _, o := range live {
@@ -183,7 +193,8 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	_, _ = pipe.Exec(ctx)
 	var again []*op
 	for _, o := range batch {
-		if redis.HasErrorPrefix(o.res.Err(), "NOSCRIPT") {
+		// Re-send as EVAL only the scripts whose round is still on.
+		if redis.HasErrorPrefix(o.res.Err(), "NOSCRIPT") && o.ctx.Err() == nil {
 			again = append(again, o)
 		}
 	}
