@@ -169,14 +169,36 @@ func (sc *scenario) metric(name, format string, args ...any) {
 // seeds, the soak tier long; SCHEDLOCK_SEEDS overrides both.
 func (sc *scenario) seeds(pr, long int, f func(t *testing.T, seed uint64, r *rand.Rand)) {
 	sc.t.Helper()
-	for _, seed := range seedList(pr, long) {
-		sc.mu.Lock()
-		sc.r.Seeds++
-		sc.mu.Unlock()
-		sc.t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
-			f(t, seed, rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1)))
-		})
+	sc.runSeeds(pr, long, false, f)
+}
+
+// parallelSeeds is seeds with the seeds running in parallel, for
+// scenarios that mostly wait (the scheduler's one-second ticks).
+func (sc *scenario) parallelSeeds(pr, long int, f func(t *testing.T, seed uint64, r *rand.Rand)) {
+	sc.t.Helper()
+	sc.runSeeds(pr, long, true, f)
+}
+
+func (sc *scenario) runSeeds(pr, long int, parallel bool, f func(t *testing.T, seed uint64, r *rand.Rand)) {
+	run := func(t *testing.T) {
+		for _, seed := range seedList(pr, long) {
+			sc.mu.Lock()
+			sc.r.Seeds++
+			sc.mu.Unlock()
+			t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
+				if parallel {
+					t.Parallel()
+				}
+				f(t, seed, rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1)))
+			})
+		}
 	}
+	if !parallel {
+		run(sc.t)
+		return
+	}
+	// A group, so that the seeds have ended when runSeeds returns.
+	sc.t.Run("seeds", run)
 }
 
 func seedList(pr, long int) []uint64 {
@@ -219,10 +241,11 @@ func requireOK(t *testing.T, v Verdict) {
 // can be told from fencing counters and other keys.
 const keyPrefix = "lock:"
 
-// isLockKey reports whether key is a lock key (not a fencing counter or
-// any other key).
+// isLockKey reports whether key is a lock key: not a fencing counter, a
+// reentrant lock's holds hash, the restart gate marker or any other key.
 func isLockKey(key string) bool {
-	return strings.HasPrefix(key, keyPrefix) && !strings.HasSuffix(key, ":fencing")
+	return strings.HasPrefix(key, keyPrefix) && !strings.HasSuffix(key, ":fencing") &&
+		!strings.HasSuffix(key, ":holds") && !strings.HasPrefix(key, keyPrefix+"redlock:")
 }
 
 // jitterRetry is exponential backoff from 10 ms, doubling up to max, with
@@ -524,4 +547,87 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 // counter is a concurrency-safe counter for figures.
 type counter struct{ atomic.Int64 }
 
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
+// ms formats d in milliseconds: one decimal below 10 ms.
+func ms(d time.Duration) string {
+	if d < 10*time.Millisecond {
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) + "ms"
+	}
+	return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+}
+
+// stallMonitor records when this process did not run for a while (a GC
+// pause or CPU starvation of a loaded test machine), so that a deadline
+// observed late can be told apart from a library that acted late: a
+// goroutine sleeps 2 ms at a time and records every gap above 20 ms.
+type stallMonitor struct {
+	mu     sync.Mutex
+	stalls [][2]time.Time
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+const stallThreshold = 20 * time.Millisecond
+
+func startStallMonitor(t *testing.T) *stallMonitor {
+	m := &stallMonitor{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		last := time.Now()
+		for {
+			select {
+			case <-m.stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			now := time.Now()
+			if now.Sub(last) > stallThreshold {
+				m.mu.Lock()
+				m.stalls = append(m.stalls, [2]time.Time{last, now})
+				m.mu.Unlock()
+			}
+			last = now
+		}
+	}()
+	t.Cleanup(func() { close(m.stop); <-m.done })
+	return m
+}
+
+// stalled returns how long the process stalled within [from, to].
+func (m *stallMonitor) stalled(from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var total time.Duration
+	for _, s := range m.stalls {
+		a, b := s[0], s[1]
+		if a.Before(from) {
+			a = from
+		}
+		if b.After(to) {
+			b = to
+		}
+		if b.After(a) {
+			total += b.Sub(a)
+		}
+	}
+	return total
+}
+
+// checkCancelledInTime fails t if a holder's ctx, which the library
+// cancels at the latest at until - ttl/10, was seen cancelled at or after
+// until, unless this process stalled at least as long as the lateness in
+// between (then it is counted in excused).
+func checkCancelledInTime(t *testing.T, m *stallMonitor, l holderLoss, ttl time.Duration, excused *counter) {
+	t.Helper()
+	late := l.at.Sub(l.until)
+	if late < 0 {
+		return
+	}
+	if m != nil {
+		if s := m.stalled(l.until.Add(-ttl/10), l.at); s >= late {
+			excused.Add(1)
+			t.Logf("holder ctx seen cancelled %v after its deadline, during a %v stall of the test process", late, s)
+			return
+		}
+	}
+	t.Errorf("holder ctx cancelled %v after its deadline (no stall of the test process to explain it)", late)
+}

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -201,7 +203,42 @@ func (n *SimNode) dial(link *SimLink) (net.Conn, error) {
 	n.conns[srv] = struct{}{}
 	n.c.wg.Add(1)
 	go n.serve(srv, link)
-	return client, nil
+	return &tcpLike{Conn: client}, nil
+}
+
+// tcpLike makes the client end of a pipe fail as a TCP socket does when
+// the node closes the connection (a crash): a write still succeeds and the
+// next read returns io.EOF, which go-redis retries on a new connection,
+// rather than io.ErrClosedPipe on the write.
+type tcpLike struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *tcpLike) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if errors.Is(err, io.ErrClosedPipe) && !c.closed.Load() {
+		return len(b), nil
+	}
+	return n, err
+}
+
+// The deadline setters of a pipe fail once either end is closed; a TCP
+// socket's do not.
+func (c *tcpLike) SetDeadline(t time.Time) error      { return c.remote(c.Conn.SetDeadline(t)) }
+func (c *tcpLike) SetReadDeadline(t time.Time) error  { return c.remote(c.Conn.SetReadDeadline(t)) }
+func (c *tcpLike) SetWriteDeadline(t time.Time) error { return c.remote(c.Conn.SetWriteDeadline(t)) }
+
+func (c *tcpLike) remote(err error) error {
+	if errors.Is(err, io.ErrClosedPipe) && !c.closed.Load() {
+		return nil
+	}
+	return err
+}
+
+func (c *tcpLike) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }
 
 // SetPersistent makes Restart keep the node's data (appendonly with fsync
@@ -294,8 +331,62 @@ func (n *SimNode) runnable() bool {
 }
 
 // serve reads commands from one connection and runs them on the engine,
-// with the link's faults.
+// with the link's faults. Three goroutines per connection, as a network
+// and a server would overlap them: the reader stamps each request with its
+// arrival time (read time + request latency, or dropped); the executor runs
+// requests in order once they have arrived (waiting while the node is
+// frozen); the writer delivers each reply at its time (execution +
+// reply latency, or drops it). So a pipeline of requests pays the latency
+// once, as on a real link.
 func (n *SimNode) serve(conn net.Conn, link *SimLink) {
+	reqs := make(chan simReq, 256)
+	reps := make(chan simRep, 256)
+	n.c.wg.Add(2) // the caller added one for the reader
+	go func() {
+		defer n.c.wg.Done()
+		defer close(reqs)
+		r := bufio.NewReader(conn)
+		for {
+			args, err := readCommand(r)
+			if err != nil {
+				return
+			}
+			delay, drop := link.state(redlocktest.ClientToNode)
+			if drop {
+				continue
+			}
+			select {
+			case reqs <- simReq{args: args, at: time.Now().Add(delay)}:
+			case <-n.c.stop:
+				return
+			}
+		}
+	}()
+	go func() {
+		defer n.c.wg.Done()
+		defer close(reps)
+		var buf bytes.Buffer
+		peer := server.NewPeer(bufio.NewWriter(&buf))
+		for req := range reqs {
+			if !n.sleepUntil(req.at) || !n.runnable() {
+				_ = conn.Close()
+				continue // drain: the node is down
+			}
+			buf.Reset()
+			n.m.Server().Dispatch(peer, req.args)
+			peer.Flush()
+			delay, drop := link.state(redlocktest.NodeToClient)
+			if !drop {
+				select {
+				case reps <- simRep{b: bytes.Clone(buf.Bytes()), at: time.Now().Add(delay)}:
+				case <-n.c.stop:
+				}
+			}
+			if peer.Closed() {
+				_ = conn.Close()
+			}
+		}
+	}()
 	defer n.c.wg.Done()
 	defer func() {
 		n.mu.Lock()
@@ -303,35 +394,32 @@ func (n *SimNode) serve(conn net.Conn, link *SimLink) {
 		n.mu.Unlock()
 		_ = conn.Close()
 	}()
-	r := bufio.NewReader(conn)
-	out := &dropWriter{w: conn}
-	peer := server.NewPeer(bufio.NewWriter(out))
-	for {
-		args, err := readCommand(r)
-		if err != nil {
-			return
-		}
-		delay, drop := link.state(redlocktest.ClientToNode)
-		if !n.sleep(delay) {
-			return
-		}
-		if drop {
+	for rep := range reps {
+		if !n.sleepUntil(rep.at) {
 			continue
 		}
-		if !n.runnable() {
-			return
-		}
-		n.m.Server().Dispatch(peer, args)
-		delay, drop = link.state(redlocktest.NodeToClient)
-		if !n.sleep(delay) {
-			return
-		}
-		out.drop = drop
-		peer.Flush()
-		if peer.Closed() {
-			return
+		if _, err := conn.Write(rep.b); err != nil {
+			_ = conn.Close()
 		}
 	}
+}
+
+// simReq is a request and the time it reaches the node; simRep a reply and
+// the time it reaches the client.
+type (
+	simReq struct {
+		args []string
+		at   time.Time
+	}
+	simRep struct {
+		b  []byte
+		at time.Time
+	}
+)
+
+// sleepUntil waits until t; false when the cluster closes first.
+func (n *SimNode) sleepUntil(t time.Time) bool {
+	return n.sleep(time.Until(t))
 }
 
 func (n *SimNode) sleep(d time.Duration) bool {
@@ -346,20 +434,6 @@ func (n *SimNode) sleep(d time.Duration) bool {
 	case <-n.c.stop:
 		return false
 	}
-}
-
-// dropWriter writes to w, or discards while drop is set (only touched by
-// the serve loop).
-type dropWriter struct {
-	w    io.Writer
-	drop bool
-}
-
-func (d *dropWriter) Write(b []byte) (int, error) {
-	if d.drop {
-		return len(b), nil
-	}
-	return d.w.Write(b)
 }
 
 // readCommand reads one RESP array of bulk strings (what go-redis sends).
