@@ -11,12 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	exnodes "github.com/schedlock/schedlock/example/internal/nodes"
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 	"github.com/schedlock/schedlock/scheduler"
@@ -51,12 +51,12 @@ var jobs = []jobSpec{
 // runFleet runs the demo (in process or with child processes) and prints its
 // summary. It returns an error when a tick ran twice or was missed.
 func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
-	nodes, err := startNodes(cfg.redis)
+	nodes, err := exnodes.Start(cfg.redis)
 	if err != nil {
 		return err
 	}
-	defer nodes.close() // last: after every scheduler and client has stopped
-	if err := pingNodes(ctx, nodes.addrs); err != nil {
+	defer nodes.Close() // last: after every scheduler and client has stopped
+	if err := nodes.Ping(ctx); err != nil {
 		return err
 	}
 
@@ -70,9 +70,9 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 	start := time.Now()
 	var stats []instanceStats
 	if cfg.mode == "process" {
-		stats, err = runProcesses(ctx, cfg, nodes.addrs, rec, start)
+		stats, err = runProcesses(ctx, cfg, nodes.Addrs, rec, start)
 	} else {
-		stats, err = runInProcess(ctx, cfg, nodes.addrs, rec, start)
+		stats, err = runInProcess(ctx, cfg, nodes.Addrs, rec, start)
 	}
 	if err != nil {
 		return err
@@ -88,9 +88,9 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 }
 
 // printHeader tells what is about to happen.
-func printHeader(w io.Writer, cfg config, nodes *redisNodes, offsets []time.Duration) {
+func printHeader(w io.Writer, cfg config, nodes *exnodes.Set, offsets []time.Duration) {
 	kind := "Redis nodes given by -redis"
-	if len(nodes.embedded) > 0 {
+	if nodes.Embedded() {
 		kind = "embedded miniredis nodes"
 	}
 	where := "all in this process"
@@ -98,7 +98,7 @@ func printHeader(w io.Writer, cfg config, nodes *redisNodes, offsets []time.Dura
 		where = "one child process each"
 	}
 	fmt.Fprintf(w, "%d scheduler instances (%s) share %d %s: %s.\n",
-		cfg.instances, where, len(nodes.addrs), kind, strings.Join(nodes.addrs, ", "))
+		cfg.instances, where, len(nodes.Addrs), kind, strings.Join(nodes.Addrs, ", "))
 	fmt.Fprintf(w, "Every instance schedules the same jobs:\n")
 	for _, j := range jobs {
 		fmt.Fprintf(w, "  %-6s  %s\n", j.name, j.describe)
@@ -122,54 +122,6 @@ func clockSpread(ds []time.Duration) time.Duration {
 		lo, hi = min(lo, d), max(hi, d)
 	}
 	return hi - lo
-}
-
-// redisNodes are the Redis nodes of the fleet.
-type redisNodes struct {
-	addrs    []string
-	embedded []*miniredis.Miniredis // nil with -redis
-}
-
-// startNodes returns the nodes of addrs, or three new miniredis nodes when
-// addrs is empty. Their keys expire with the wall clock, as in Redis.
-func startNodes(addrs []string) (*redisNodes, error) {
-	if len(addrs) > 0 {
-		return &redisNodes{addrs: addrs}, nil
-	}
-	n := &redisNodes{}
-	for range 3 {
-		m := miniredis.NewMiniRedis()
-		m.ClockTTL(true) // miniredis keeps TTLs frozen unless told otherwise
-		if err := m.Start(); err != nil {
-			n.close()
-			return nil, fmt.Errorf("start miniredis: %w", err)
-		}
-		n.embedded = append(n.embedded, m)
-		n.addrs = append(n.addrs, m.Addr())
-	}
-	return n, nil
-}
-
-// close stops the embedded nodes.
-func (n *redisNodes) close() {
-	for _, m := range n.embedded {
-		m.Close()
-	}
-}
-
-// pingNodes fails early, naming the node, when a node does not answer.
-func pingNodes(ctx context.Context, addrs []string) error {
-	for _, a := range addrs {
-		rdb := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := rdb.Ping(pctx).Err()
-		cancel()
-		_ = rdb.Close()
-		if err != nil {
-			return fmt.Errorf("redis node %s does not answer PING: %w", a, err)
-		}
-	}
-	return nil
 }
 
 // runInProcess runs every instance in this process until start + duration

@@ -70,7 +70,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -78,6 +77,7 @@ import (
 	"syscall"
 	"time"
 
+	exnodes "github.com/schedlock/schedlock/example/internal/nodes"
 	"github.com/schedlock/schedlock/tracing/otlp"
 )
 
@@ -188,7 +188,7 @@ func parseConfig(args []string, stdout io.Writer) (config, error) {
 	}
 
 	var err error
-	if cfg.redis, err = parseAddrs(*redisList); err != nil {
+	if cfg.redis, err = exnodes.ParseAddrs(*redisList); err != nil {
 		return cfg, err
 	}
 	if cfg.skews, err = parseSkews(*skewList); err != nil {
@@ -233,34 +233,6 @@ func validateChild(cfg config) error {
 		return fmt.Errorf("-child-id %d: -ttl %v is below %v", cfg.childID, cfg.ttl, minTTL)
 	}
 	return nil
-}
-
-// parseAddrs parses the -redis list; "" gives none.
-func parseAddrs(list string) ([]string, error) {
-	if strings.TrimSpace(list) == "" {
-		return nil, nil
-	}
-	var addrs []string
-	seen := make(map[string]bool)
-	for a := range strings.SplitSeq(list, ",") {
-		a = strings.TrimSpace(a)
-		host, port, err := net.SplitHostPort(a)
-		if err != nil {
-			return nil, fmt.Errorf("-redis %q: node %q: %w", list, a, err)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("-redis %q: node %q: port %q is not a number from 1 to 65535", list, a, port)
-		}
-		if host == "" {
-			return nil, fmt.Errorf("-redis %q: node %q: empty host", list, a)
-		}
-		if seen[a] {
-			return nil, fmt.Errorf("-redis %q: node %q is listed twice; Redlock needs independent nodes", list, a)
-		}
-		seen[a] = true
-		addrs = append(addrs, a)
-	}
-	return addrs, nil
 }
 
 // parseSkews parses the -skew list. "0" needs no unit.

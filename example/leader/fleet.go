@@ -10,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/elector"
+	exnodes "github.com/schedlock/schedlock/example/internal/nodes"
 	"github.com/schedlock/schedlock/redlock"
 )
 
@@ -21,18 +21,18 @@ import (
 // ctx is done, stops everything in order (candidates, clients, nodes) and
 // prints the summary. It returns the summary's verdict.
 func runDemo(ctx context.Context, cfg config, stdout io.Writer) error {
-	nodes, err := startNodes(cfg.redis)
+	nodes, err := exnodes.Start(cfg.redis)
 	if err != nil {
 		return err
 	}
-	defer nodes.close() // last: after every candidate and client has stopped
-	if err := pingNodes(ctx, nodes.addrs); err != nil {
+	defer nodes.Close() // last: after every candidate and client has stopped
+	if err := nodes.Ping(ctx); err != nil {
 		return err
 	}
 	printHeader(stdout, cfg, nodes)
 
 	j := newJournal(stdout)
-	f := &fleet{cfg: cfg, addrs: nodes.addrs, j: j}
+	f := &fleet{cfg: cfg, addrs: nodes.Addrs, j: j}
 	start := time.Now()
 	err = f.run(ctx)
 	if cerr := f.close(); err == nil {
@@ -49,16 +49,16 @@ func runDemo(ctx context.Context, cfg config, stdout io.Writer) error {
 }
 
 // printHeader tells what is about to happen.
-func printHeader(w io.Writer, cfg config, nodes *redisNodes) {
+func printHeader(w io.Writer, cfg config, nodes *exnodes.Set) {
 	kind := "Redis nodes given by -redis"
-	if len(nodes.embedded) > 0 {
+	if nodes.Embedded() {
 		kind = "embedded miniredis nodes"
 	}
 	instances := fmt.Sprintf("%d candidate instances share", cfg.instances)
 	if cfg.instances == 1 {
 		instances = "1 candidate instance uses"
 	}
-	fmt.Fprintf(w, "%s %d %s: %s.\n", instances, len(nodes.addrs), kind, strings.Join(nodes.addrs, ", "))
+	fmt.Fprintf(w, "%s %d %s: %s.\n", instances, len(nodes.Addrs), kind, strings.Join(nodes.Addrs, ", "))
 	fmt.Fprintf(w, "They elect one leader; only the leader processes items (one every %v).\n", workEvery)
 	fmt.Fprintf(w, "Lease TTL %v, retry period %v: a crashed leader blocks the election for up to %v;\n"+
 		"a leader that stops gracefully resigns, and another takes over within about %v.\n",
@@ -67,56 +67,6 @@ func printHeader(w io.Writer, cfg config, nodes *redisNodes) {
 		fmt.Fprintf(w, "Every %v the leader is killed, by a crash and a graceful stop in turn, and a new instance replaces it.\n", cfg.killEvery)
 	}
 	fmt.Fprintf(w, "Running for %v.\n\n", cfg.duration)
-}
-
-// redisNodes are the Redis nodes of the demo.
-type redisNodes struct {
-	addrs    []string
-	embedded []*miniredis.Miniredis // nil with -redis
-}
-
-// startNodes returns the nodes of addrs, or three new miniredis nodes when
-// addrs is empty.
-func startNodes(addrs []string) (*redisNodes, error) {
-	if len(addrs) > 0 {
-		return &redisNodes{addrs: addrs}, nil
-	}
-	n := &redisNodes{}
-	for range 3 {
-		m, err := miniredis.Run()
-		if err != nil {
-			n.close()
-			return nil, fmt.Errorf("start miniredis: %w", err)
-		}
-		// Without ClockTTL, miniredis never expires keys on its own, and
-		// the lease of a crashed leader would block the election forever.
-		m.ClockTTL(true)
-		n.embedded = append(n.embedded, m)
-		n.addrs = append(n.addrs, m.Addr())
-	}
-	return n, nil
-}
-
-// close stops the embedded nodes.
-func (n *redisNodes) close() {
-	for _, m := range n.embedded {
-		m.Close()
-	}
-}
-
-// pingNodes fails early, naming the node, when a node does not answer.
-func pingNodes(ctx context.Context, addrs []string) error {
-	for _, a := range addrs {
-		rdb := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := rdb.Ping(pctx).Err()
-		cancel()
-		_ = rdb.Close()
-		if err != nil {
-			return fmt.Errorf("redis node %s does not answer PING: %w", a, err)
-		}
-	}
-	return nil
 }
 
 // killKind is how an instance was killed.

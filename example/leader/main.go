@@ -65,15 +65,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	exnodes "github.com/schedlock/schedlock/example/internal/nodes"
 )
 
 func main() {
@@ -162,7 +161,7 @@ func parseConfig(args []string, stdout io.Writer) (config, error) {
 		return cfg, fmt.Errorf("unexpected argument %q (run with -h for the flags)", fs.Arg(0))
 	}
 	var err error
-	if cfg.redis, err = parseAddrs(*redisList); err != nil {
+	if cfg.redis, err = exnodes.ParseAddrs(*redisList); err != nil {
 		return cfg, err
 	}
 	switch {
@@ -176,32 +175,4 @@ func parseConfig(args []string, stdout io.Writer) (config, error) {
 		return cfg, fmt.Errorf("-kill-every %v: must be 0 (no kills) or at least %v", cfg.killEvery, minKillEvery)
 	}
 	return cfg, nil
-}
-
-// parseAddrs parses the -redis list; "" gives none.
-func parseAddrs(list string) ([]string, error) {
-	if strings.TrimSpace(list) == "" {
-		return nil, nil
-	}
-	var addrs []string
-	seen := make(map[string]bool)
-	for a := range strings.SplitSeq(list, ",") {
-		a = strings.TrimSpace(a)
-		host, port, err := net.SplitHostPort(a)
-		if err != nil {
-			return nil, fmt.Errorf("-redis %q: node %q: %w", list, a, err)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("-redis %q: node %q: port %q is not a number from 1 to 65535", list, a, port)
-		}
-		if host == "" {
-			return nil, fmt.Errorf("-redis %q: node %q: empty host", list, a)
-		}
-		if seen[a] {
-			return nil, fmt.Errorf("-redis %q: node %q is listed twice; Redlock needs independent nodes", list, a)
-		}
-		seen[a] = true
-		addrs = append(addrs, a)
-	}
-	return addrs, nil
 }
