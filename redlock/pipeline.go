@@ -119,9 +119,9 @@ func (n *node) sendOne(o *op) {
 // exec sends one op unless its caller's context has already ended: a script
 // is never sent after its round's deadline.
 func (n *node) exec(o *op) *redis.Cmd {
-	if err := o.ctx.Err(); err != nil {
+	if err := ended(o.ctx); err != nil {
 		cmd := redis.NewCmd(o.ctx)
-		cmd.SetErr(context.Cause(o.ctx))
+		cmd.SetErr(err)
 		return cmd
 	}
 	return n.evalOne(o)
@@ -132,7 +132,7 @@ func (n *node) exec(o *op) *redis.Cmd {
 // deadline, also not a fallback).
 func (n *node) evalOne(o *op) *redis.Cmd {
 	cmd := n.rdb.EvalSha(o.ctx, o.script.Hash(), o.keys, o.args...)
-	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || o.ctx.Err() != nil {
+	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || ended(o.ctx) != nil {
 		return cmd
 	}
 	return n.rdb.Eval(o.ctx, o.script.src, o.keys, o.args...)
@@ -145,9 +145,9 @@ func (n *node) evalOne(o *op) *redis.Cmd {
 func (n *node) send(batch []*op) {
 	live := batch[:0:0]
 	for _, o := range batch {
-		if err := o.ctx.Err(); err != nil {
+		if err := ended(o.ctx); err != nil {
 			o.res = redis.NewCmd(o.ctx)
-			o.res.SetErr(context.Cause(o.ctx)) // its deadline passed while queued
+			o.res.SetErr(err) // its deadline passed while queued
 		} else {
 			live = append(live, o)
 		}
@@ -194,7 +194,7 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	var again []*op
 	for _, o := range batch {
 		// Re-send as EVAL only the scripts whose round is still on.
-		if redis.HasErrorPrefix(o.res.Err(), "NOSCRIPT") && o.ctx.Err() == nil {
+		if redis.HasErrorPrefix(o.res.Err(), "NOSCRIPT") && ended(o.ctx) == nil {
 			again = append(again, o)
 		}
 	}
@@ -206,4 +206,17 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 		o.res = pipe.Eval(ctx, o.script.src, o.keys, o.args...)
 	}
 	_, _ = pipe.Exec(ctx)
+}
+
+// ended returns ctx's cause once ctx is done or its deadline has been
+// reached, checked against the clock rather than the context's timer, which
+// may not have fired yet at the deadline itself.
+func ended(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
