@@ -13,18 +13,7 @@ import (
 // (a grant whose reply was lost) counts as granted and gets its TTL
 // refreshed, so a retry never blocks itself (issue: behaviour 5).
 func TestAcquireIsIdempotent(t *testing.T) {
-	var nodes []redis.UniversalClient
-	var ms []*miniredis.Miniredis
-	for range 3 {
-		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { c.Close() })
-		nodes, ms = append(nodes, c), append(ms, m)
-	}
-	c, err := New(nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, ms := newMiniClient(t)
 	l, err := c.newLock(context.Background(), []string{"r"}, 10*time.Second, acquireConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -57,18 +46,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 // TestRetriedReentrantAcquireCountsOnce: a reentrant acquisition whose
 // script runs twice (a retry after a lost reply) adds one hold, not two.
 func TestRetriedReentrantAcquireCountsOnce(t *testing.T) {
-	var nodes []redis.UniversalClient
-	var ms []*miniredis.Miniredis
-	for range 3 {
-		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { c.Close() })
-		nodes, ms = append(nodes, c), append(ms, m)
-	}
-	c, err := New(nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, ms := newMiniClient(t)
 	ctx := context.Background()
 	l, err := c.newLock(ctx, []string{"r"}, 5*time.Second, acquireConfig{owner: "o", ownerSet: true})
 	if err != nil {
@@ -93,4 +71,22 @@ func TestRetriedReentrantAcquireCountsOnce(t *testing.T) {
 			t.Errorf("node %d: keys %v remain after the only hold was released", i, m.Keys())
 		}
 	}
+}
+
+// newMiniClient returns a Client over three fresh miniredis nodes.
+func newMiniClient(t *testing.T) (*Client, []*miniredis.Miniredis) {
+	t.Helper()
+	var nodes []redis.UniversalClient
+	var ms []*miniredis.Miniredis
+	for range 3 {
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		nodes, ms = append(nodes, rdb), append(ms, m)
+	}
+	c, err := New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ms
 }
