@@ -20,8 +20,10 @@ import (
 )
 
 // Client acquires locks on a fixed set of independent Redis nodes. It is
-// immutable after New and safe for concurrent use by many goroutines; it
-// starts no goroutine of its own. It does not own the go-redis clients:
+// immutable after New and safe for concurrent use by many goroutines. It
+// starts no goroutine of its own except while an Acquire waits for a
+// contended lock (WithReleaseNotices), and those end with the last such
+// Acquire. It does not own the go-redis clients:
 // closing them is the caller's job, after the last call has returned.
 type Client struct {
 	nodes  []node
@@ -29,6 +31,7 @@ type Client struct {
 	cfg    config
 	log    *slog.Logger
 	tel    *telemetry
+	wake   waker // release notices (wake.go)
 }
 
 type node struct {
@@ -91,6 +94,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("redlock: telemetry: %w", err)
 	}
 	c := &Client{nodes: make([]node, len(nodes)), quorum: len(nodes)/2 + 1, cfg: cfg, log: log, tel: tel}
+	c.wake.c = c
 	seen := make(map[string]int, len(nodes))
 	for i, rdb := range nodes {
 		if rdb == nil || (reflect.ValueOf(rdb).Kind() == reflect.Pointer && reflect.ValueOf(rdb).IsNil()) {

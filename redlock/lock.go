@@ -239,28 +239,68 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	policy := a.retry()
 	policy.Reset()
 	var last *QuorumError
+	var channels []string // release notices, once contended (wake.go)
+	var gen uint64
 	for attempts = 1; ; attempts++ {
 		if ctx.Err() != nil {
 			attempts--
 			return nil, l.fail(ctx, attempts, last)
 		}
-		last = c.attempt(ctx, l, attempts)
-		if last == nil {
+		if channels != nil {
+			gen = c.wake.gen(channels)
+		}
+		q := c.attempt(ctx, l, attempts)
+		if q == nil {
 			return l, nil
 		}
+		if ctx.Err() != nil && last != nil && q.Count(OutcomeError)+q.Count(OutcomeTimeout) == len(q.Nodes) {
+			// ctx ended this round before any node answered: the error
+			// keeps the last round that learned something.
+			return nil, l.fail(ctx, attempts, last)
+		}
+		last = q
 		d := policy.NextBackOff()
 		if d == backoff.Stop {
 			l.abandon()
 			return nil, fmt.Errorf("redlock: retry policy gave up after %d attempts: %w", attempts, last)
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
+		if channels == nil && !c.cfg.noWake && last.Count(OutcomeHeld) > 0 {
+			channels = l.releaseChannels()
+			defer c.wake.watch(channels)()
+			gen = c.wake.gen(channels)
+		}
+		if channels != nil {
+			c.wake.sleep(ctx, channels, gen, d)
+		} else {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
 			t.Stop()
+		}
+		if ctx.Err() != nil {
 			return nil, l.fail(ctx, attempts, last)
 		}
 	}
+}
+
+// noticeID returns the payload of l's release notices: 16 hex digits of a
+// hash of its value, the same on every node, which says nothing about the
+// owner token.
+func (l *Lock) noticeID() string {
+	sum := sha256.Sum256([]byte(l.value))
+	return hex.EncodeToString(sum[:8])
+}
+
+// releaseChannels returns the channels of the release notices of l's lock
+// keys (releaseScript).
+func (l *Lock) releaseChannels() []string {
+	chs := make([]string, l.nlock)
+	for i, k := range l.keys[:l.nlock] {
+		chs[i] = k + releasedSuffix
+	}
+	return chs
 }
 
 // endAcquire records an Acquire or TryAcquire call's outcome on its span
@@ -466,7 +506,7 @@ func (l *Lock) lateGrant(n *node, r reply, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
 	defer cancel()
-	if err := n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid).Err(); err != nil {
+	if err := n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid, "").Err(); err != nil {
 		l.c.log.Warn("redlock: cleanup of a late grant failed; the key expires with its TTL",
 			"resources", l.resources, "node", n.addr, "err", err)
 	}
@@ -511,8 +551,12 @@ func (l *Lock) callDone() {
 func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool) []NodeResult {
 	l.waitAcquireCalls()
 	keys := l.ownedKeys()
+	notice := "" // only a Release wakes waiters (wake.go)
+	if op == "release" {
+		notice = l.noticeID()
+	}
 	return c.round(ctx, roundSpec{op: op, skip: skip, call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-		return n.run(ctx, releaseScript, keys, l.value, l.aid)
+		return n.run(ctx, releaseScript, keys, l.value, l.aid, notice)
 	}, int64(l.nlock))})
 }
 
@@ -687,6 +731,9 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	ok := count(rs, OutcomeOK)
 	switch {
 	case ok >= l.c.quorum && !expired && prev == stateHeld:
+		if !l.c.cfg.noWake {
+			l.c.wake.released(l)
+		}
 		return nil
 	case expired || prev == stateLost:
 		err := l.c.quorumError("release", l.resources, rs, ErrLockLost)

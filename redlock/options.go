@@ -56,6 +56,7 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	hideResources  bool
 	nodeSpans      bool
+	noWake         bool
 }
 
 type acquireConfig struct {
@@ -144,6 +145,20 @@ func WithFencing(on bool) SharedOption {
 		client:  func(c *config) { c.fencing = on },
 		acquire: func(a *acquireConfig) { a.fencing = on },
 	}
+}
+
+// WithReleaseNotices turns waking on release on or off (default on): an
+// Acquire that lost a round subscribes, on every node, to the release
+// notices of its resources and starts its next round as soon as one is
+// released, instead of sleeping out the retry delay, which stays the
+// fallback (see wake.go). Turn it off where the nodes refuse SUBSCRIBE
+// (ACLs without &channel access, proxies without pub/sub); releases still
+// publish their notices. While an Acquire waits, the Client keeps one
+// PubSub connection and two goroutines per node; they end when no Acquire
+// waits any more (on a stopped node, once the dial or command in progress
+// there returns: go-redis's dial and read timeouts bound it).
+func WithReleaseNotices(on bool) Option {
+	return clientOption(func(c *config) { c.noWake = !on })
 }
 
 // WithFencingRetention sets how long a resource's fencing counter is kept

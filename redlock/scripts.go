@@ -57,21 +57,33 @@ end
 local tok = string.sub(ARGV[1], 1, 32)
 local ttl = tonumber(ARGV[2])
 local mine = 0
-for i = 1, n do
-  local v = redis.call('GET', KEYS[i])
-  if v then
+if n == 1 and not owner then
+  if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
+    local v = redis.call('GET', KEYS[1])
     if string.sub(v, 1, 32) ~= tok then return {0, v} end
-    mine = mine + 1
+    if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
   end
-end
-for i = 1, n do
-  if redis.call('PTTL', KEYS[i]) < ttl then
-    redis.call('SET', KEYS[i], redis.call('GET', KEYS[i]) or ARGV[1], 'PX', ttl)
+else
+  local had = {}
+  for i = 1, n do
+    local v = redis.call('GET', KEYS[i])
+    if v then
+      if string.sub(v, 1, 32) ~= tok then return {0, v} end
+      mine = mine + 1
+      had[i] = true
+    end
   end
-  if owner then
-    local h = KEYS[n + i]
-    redis.call('HSET', h, aid, '1')
-    if redis.call('PTTL', h) < ttl then redis.call('PEXPIRE', h, ttl) end
+  for i = 1, n do
+    if not had[i] then
+      redis.call('SET', KEYS[i], ARGV[1], 'PX', ttl)
+    elseif redis.call('PTTL', KEYS[i]) < ttl then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+    if owner then
+      local h = KEYS[n + i]
+      redis.call('HSET', h, aid, '1')
+      if redis.call('PTTL', h) < ttl then redis.call('PEXPIRE', h, ttl) end
+    end
   end
 end
 if ARGV[4] ~= '1' then return {1, 0, 0} end
@@ -140,6 +152,12 @@ return 1
 // spec, "Releasing the lock"). For a reentrant lock (ARGV[2] is the
 // acquisition ID; KEYS[n+1..2n] are the holds hashes) it removes this
 // acquisition's hold and deletes the key only when no hold is left.
+//
+// When ARGV[3] is not empty (Release), for each key it deletes it publishes
+// ARGV[3], an ID of the lock, as a release notice on the channel
+// "<key>:released" (releasedSuffix), which wakes the Acquire calls waiting
+// for the key (wake.go). Undo rounds and late-grant cleanups publish
+// nothing, nor does a key that expires: waiters poll as well.
 var releaseScript = newScript(`
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]
@@ -157,7 +175,10 @@ for i = 1, n do
       last = redis.call('HLEN', h) - redis.call('HEXISTS', h, '_t') <= 0
       if last then redis.call('DEL', h) end
     end
-    if last then redis.call('DEL', KEYS[i]) end
+    if last then
+      redis.call('DEL', KEYS[i])
+      if ARGV[3] ~= '' then redis.call('PUBLISH', KEYS[i] .. '` + releasedSuffix + `', ARGV[3]) end
+    end
   end
 end
 return mine

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -373,7 +374,14 @@ func (n *SimNode) serve(conn net.Conn, link *SimLink) {
 				continue // drain: the node is down
 			}
 			buf.Reset()
-			n.m.Server().Dispatch(peer, req.args)
+			if len(req.args) > 0 && strings.HasSuffix(strings.ToLower(req.args[0]), "subscribe") {
+				// Pushed messages would bypass this loop (and its link
+				// faults), and the engine's subscription goroutines
+				// would outlive the bubble: waiters poll here.
+				peer.WriteError("ERR pub/sub is not simulated")
+			} else {
+				n.m.Server().Dispatch(peer, req.args)
+			}
 			peer.Flush()
 			delay, drop := link.state(redlocktest.NodeToClient)
 			if !drop {

@@ -1,0 +1,169 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+// slowRetry retries every 20 s: a waiter that gets the lock sooner was
+// woken by the release, not by its retry delay.
+func slowRetry() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Second) }
+
+// subscribers returns, per node, the number of subscribers of channel.
+func subscribers(t *testing.T, nodes []redis.UniversalClient, channel string) []int64 {
+	t.Helper()
+	out := make([]int64, len(nodes))
+	for i, rdb := range nodes {
+		m, err := rdb.PubSubNumSub(context.Background(), channel).Result()
+		if err != nil {
+			t.Fatalf("PUBSUB NUMSUB on node %d: %v", i, err)
+		}
+		out[i] = m[channel]
+	}
+	return out
+}
+
+// waitFor polls cond every 10 ms for at most 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func allAtLeast(v []int64, n int64) bool {
+	for _, x := range v {
+		if x < n {
+			return false
+		}
+	}
+	return true
+}
+
+// TestReleaseWakesWaiter: an Acquire waiting for a held lock, whose retry
+// delay is 20 s, takes the lock as soon as the holder releases it, and its
+// subscriptions end with it.
+func TestReleaseWakesWaiter(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	ctx := context.Background()
+	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   *redlock.Lock
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	go func() {
+		l, err := c.Acquire(wctx, []string{"r"}, 30*time.Second)
+		got <- result{l, err, time.Now()}
+	}()
+	// The waiter lost its first round and subscribed on every node.
+	waitFor(t, "the waiter's subscriptions", func() bool {
+		return allAtLeast(subscribers(t, nodes, "r:released"), 1)
+	})
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiter: %v", r.err)
+	}
+	defer r.l.Release(ctx)
+	// The retry delay is 20 s; 10 s leaves room for any loaded machine.
+	if took := r.at.Sub(released); took > 10*time.Second {
+		t.Errorf("waiter took the lock %v after the release: not woken", took)
+	}
+	waitFor(t, "the subscriptions to end", func() bool {
+		n := subscribers(t, nodes, "r:released")
+		return n[0]+n[1]+n[2] == 0
+	})
+}
+
+// TestReleaseNoticesOff: with WithReleaseNotices(false) a waiter never
+// subscribes and still gets the lock by polling.
+func TestReleaseNoticesOff(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, cl.Clients(t), redlock.WithReleaseNotices(false),
+		redlock.WithRetry(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) }))
+	ctx := context.Background()
+	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, []string{"r"}, 30*time.Second)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // several lost rounds
+	if n := subscribers(t, nodes, "r:released"); n[0]+n[1]+n[2] != 0 {
+		t.Errorf("subscribers with notices off: %v", n)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+}
+
+// TestWakeSurvivesStoppedNode: with one node stopped (SIGSTOP) a waiter is
+// still woken by the release notices of the others; the stopped node's
+// subscriber ends once the node runs again.
+func TestWakeSurvivesStoppedNode(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	ctx := context.Background()
+	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(wctx, []string{"r"}, 30*time.Second)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, "the waiter's subscriptions on the running nodes", func() bool {
+		return allAtLeast(subscribers(t, nodes[:2], "r:released"), 1)
+	})
+	if err := held.Release(ctx); err != nil && !errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter with a stopped node: %v (not woken within 15 s; the retry delay is 20 s)", err)
+	}
+	cl[2].Cont(t)
+}
