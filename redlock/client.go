@@ -192,7 +192,6 @@ type roundSpec struct {
 	skip    []bool                            // optional: nodes not to call, counted as OutcomeOK
 	early   bool                              // decide as soon as the outcome is known
 	late    func(n *node, r reply, err error) // optional: an answer after the decision
-	done    func()                            // optional: after each node's call and late handling
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
 	deadline time.Time
@@ -257,9 +256,6 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		}
 		nd := &c.nodes[i]
 		go func() {
-			if spec.done != nil {
-				defer spec.done()
-			}
 			defer func() {
 				if rs.running.Add(-1) == 0 {
 					rs.cancel() // the last call of the round has returned

@@ -30,15 +30,19 @@ type Lock struct {
 	fencing   bool
 	token     uint64 // fencing token, set once held
 
-	mu       sync.Mutex
-	state    lockState
-	ttl      time.Duration
-	until    time.Time
-	inflight int           // acquire calls not yet finished (see waitIdle)
-	idle     chan struct{} // closed when inflight drops to 0
-	granted  time.Time     // when the lock was first held (hold duration metric)
-	// acquireDeadline is the end of the last acquire round's node timeout.
-	acquireDeadline time.Time
+	mu      sync.Mutex
+	state   lockState
+	ttl     time.Duration
+	until   time.Time
+	granted time.Time // when the lock was first held (hold duration metric)
+	// undone is the last undo round's results (attempt).
+	undone []NodeResult
+	// final is closed once the last round that deletes the lock's keys
+	// (the Release, or the undo of the last failed attempt) has ended; its
+	// results are then in finalRS (see lateGrant).
+	final     chan struct{}
+	finalRS   []NodeResult
+	finalDone bool
 }
 
 type lockState int
@@ -182,7 +186,7 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	}
 	value := buildValue(token, traceparent(trace.SpanContextFromContext(ctx)), a.metadata)
 	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n, aid: aid,
-		value: value, fencing: a.fencing, ttl: ttl}, nil
+		value: value, fencing: a.fencing, ttl: ttl, final: make(chan struct{})}, nil
 }
 
 // fencingSuffix turns a lock key into its fencing counter's key, and
@@ -364,21 +368,25 @@ func (l *Lock) fail(ctx context.Context, attempts int, last *QuorumError) error 
 func (l *Lock) abandon() {
 	l.mu.Lock()
 	l.state = stateReleased
+	l.finishLocked(l.undone)
 	l.mu.Unlock()
+}
+
+// finishLocked records the results of the last round that deleted the
+// lock's keys, for late grants (lateGrant). l.mu must be held.
+func (l *Lock) finishLocked(rs []NodeResult) {
+	if l.finalDone {
+		return
+	}
+	l.finalDone, l.finalRS = true, rs
+	close(l.final)
 }
 
 // attempt runs acquire round number n for l and returns nil when l is now
 // held.
 func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	ttl := l.ttl
-	l.mu.Lock()
-	if l.inflight == 0 {
-		l.idle = make(chan struct{})
-	}
-	l.inflight += len(c.nodes)
 	start := time.Now()
-	l.acquireDeadline = start.Add(c.cfg.nodeTimeout)
-	l.mu.Unlock()
 	fencing := "0"
 	if l.fencing {
 		fencing = "1"
@@ -391,7 +399,6 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 		},
 		early: true,
 		late:  l.lateGrant,
-		done:  l.callDone,
 	})
 	// A reentrant hold keeps the token its owner's hold recorded: any node
 	// that reports it knows the owner holds the lock with that token.
@@ -443,7 +450,10 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld
 	}
-	c.releaseAll(context.WithoutCancel(ctx), l, "undo", skip)
+	undone := c.releaseAll(context.WithoutCancel(ctx), l, "undo", skip)
+	l.mu.Lock()
+	l.undone = undone
+	l.mu.Unlock()
 	return qerr
 }
 
@@ -491,9 +501,13 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 }
 
 // lateGrant handles an acquire answer that arrived after its round was
-// decided: a grant for an acquisition that has ended (failed or released)
-// is deleted at once; a grant for a pending or held lock belongs to it and
-// is deleted by the next failed round or Release.
+// decided. A grant for a pending or held lock belongs to it: the next undo
+// or the Release deletes it, since a node runs its scripts in the order
+// they were sent (pipeline.go: one batch in flight per node) and those
+// rounds are sent after it. A grant for an acquisition that has ended
+// (released, or failed for good) waits for that last deleting round and is
+// deleted here only if that round did not delete it on this node: its
+// script was dropped at the round's deadline, or failed.
 func (l *Lock) lateGrant(n *node, r reply, err error) {
 	if err != nil || !r.ok {
 		return
@@ -504,6 +518,13 @@ func (l *Lock) lateGrant(n *node, r reply, err error) {
 	if !ended {
 		return
 	}
+	<-l.final // closed at most a node timeout after the state changed
+	l.mu.Lock()
+	rs := l.finalRS
+	l.mu.Unlock()
+	if n.idx < len(rs) && rs[n.idx].Outcome == OutcomeOK {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
 	defer cancel()
 	if err := n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid, "").Err(); err != nil {
@@ -512,44 +533,14 @@ func (l *Lock) lateGrant(n *node, r reply, err error) {
 	}
 }
 
-// waitAcquireCalls waits, at most until the node timeout of the last
-// acquire round has passed, until no acquire call of l is on its way (a round decided early leaves the slower nodes' calls
-// running), so that an Extend or release that follows is not overtaken by
-// a grant on the same node.
-func (l *Lock) waitAcquireCalls() {
-	l.mu.Lock()
-	idle, busy, deadline := l.idle, l.inflight > 0, l.acquireDeadline
-	l.mu.Unlock()
-	wait := time.Until(deadline)
-	if !busy || wait <= 0 {
-		return // a call still running past its round's node timeout is a frozen node
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-idle:
-	case <-t.C:
-	}
-}
-
-// callDone counts down one finished acquire call.
-func (l *Lock) callDone() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.inflight--; l.inflight == 0 {
-		close(l.idle)
-	}
-}
-
 // releaseAll runs the release script on every node and waits for every
-// answer up to the node timeout, after waitAcquireCalls, so that a grant
-// landing just after the release cannot survive it on a node that answers.
+// answer up to the node timeout. It does not wait for acquire calls still
+// on their way: on each node the release runs after them (see lateGrant).
 //
 // op names the round in telemetry: "release" for Release, "undo" for the
 // cleanup of a failed attempt (whose "held" answers are the other holder's
 // keys, not a lost lock).
 func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool) []NodeResult {
-	l.waitAcquireCalls()
 	keys := l.ownedKeys()
 	notice := "" // only a Release wakes waiters (wake.go)
 	if op == "release" {
@@ -623,7 +614,6 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 	if err := l.checkHeld(); err != nil {
 		return err
 	}
-	l.waitAcquireCalls()
 	owner := "0"
 	if l.aid != "" {
 		owner = "1"
@@ -715,10 +705,6 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	}
 	ctx, span := l.c.tel.startOp(ctx, tracing.SpanRelease, l.resources, 0)
 	defer func() { endOp(span, err) }()
-	// Let the acquire calls still on their way land first, while the lock
-	// is still held: their grants then belong to the lock and this release
-	// deletes them, instead of each late grant sending a release of its own.
-	l.waitAcquireCalls()
 	l.mu.Lock()
 	prev, until := l.state, l.until
 	l.setStateLocked(ctx, stateReleased)
@@ -727,6 +713,9 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
 	}
 	rs := l.c.releaseAll(context.WithoutCancel(ctx), l, "release", nil)
+	l.mu.Lock()
+	l.finishLocked(rs)
+	l.mu.Unlock()
 	expired := !time.Now().Before(until)
 	ok := count(rs, OutcomeOK)
 	switch {
