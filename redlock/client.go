@@ -38,7 +38,7 @@ type node struct {
 	idx   int
 	rdb   redis.UniversalClient
 	addr  string
-	batch batcher // scripts waiting for this node (pipeline.go)
+	queue nodeQueue // scripts waiting for this node (pipeline.go)
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -160,13 +160,11 @@ type reply struct {
 	traceparent string // acquire: the refusing holder's trace context
 }
 
-// nodeCall runs one script on one node.
-type nodeCall func(ctx context.Context, n *node) (reply, error)
-
-// okCall adapts a script whose integer result means OK when it equals want.
-func okCall(run func(ctx context.Context, n *node) *redis.Cmd, want int64) nodeCall {
-	return func(ctx context.Context, n *node) (reply, error) {
-		v, err := run(ctx, n).Int64()
+// okParse reads a script's integer reply, which means OK when it equals
+// want.
+func okParse(want int64) func(*redis.Cmd) (reply, error) {
+	return func(cmd *redis.Cmd) (reply, error) {
+		v, err := cmd.Int64()
 		return reply{ok: v == want}, err
 	}
 }
@@ -174,8 +172,11 @@ func okCall(run func(ctx context.Context, n *node) *redis.Cmd, want int64) nodeC
 // roundState collects the answers of one quorum round. Answers that arrive
 // after the round was decided are "late" and go to the late callback.
 type roundState struct {
-	running atomic.Int32       // node calls not yet returned
-	cancel  context.CancelFunc // of the round's node context, called by the last call
+	c       *Client
+	spec    *roundSpec
+	start   time.Time
+	running atomic.Int32       // node calls not yet answered
+	cancel  context.CancelFunc // of the round's node context, called by the last answer
 	mu      sync.Mutex
 	closed  bool
 	results []NodeResult
@@ -183,26 +184,32 @@ type roundState struct {
 	decided chan struct{}
 }
 
-// roundSpec describes one quorum round.
+// roundSpec describes one quorum round: one script, with the same keys and
+// arguments, on every node.
 type roundSpec struct {
 	op      string        // for telemetry: acquire, fence, extend, release, holder
 	attempt int           // acquire rounds: 1-based attempt number
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
-	call    nodeCall
-	skip    []bool                            // optional: nodes not to call, counted as OutcomeOK
-	early   bool                              // decide as soon as the outcome is known
-	late    func(n *node, r reply, err error) // optional: an answer after the decision
+	script  *luaScript
+	keys    []string
+	args    []any
+	parse   func(*redis.Cmd) (reply, error)
+	skip    []bool // optional: nodes not to call, counted as OutcomeOK
+	early   bool   // decide as soon as the outcome is known
+	// late, optional, gets a grant (ok reply) that came after the
+	// decision, in a goroutine of its own.
+	late func(n *node, r reply)
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
 	deadline time.Time
 }
 
-// round sends call to every node in parallel and waits until every node has
-// answered, the per-node timeout has passed, ctx ends, or (with early) the
-// outcome is known: quorum OK answers, or so many failures that quorum is
-// impossible. Nodes with no answer by then count as OutcomeTimeout, or
-// OutcomePending when the round was decided early. The results are in node
-// order.
+// round sends the script to every node in parallel (through the nodes'
+// queues, pipeline.go) and waits until every node has answered, the
+// per-node timeout has passed, ctx ends, or (with early) the outcome is
+// known: quorum OK answers, or so many failures that quorum is impossible.
+// Nodes with no answer by then count as OutcomeTimeout, or OutcomePending
+// when the round was decided early. The results are in node order.
 func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResult) {
 	ctx, span := c.tel.startRound(ctx, spec.op, spec.attempt, len(c.nodes), c.quorum)
 	begin := time.Now()
@@ -221,15 +228,15 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		c.tel.endRound(ctx, span, spec.op, results, c.quorum, took, outcome)
 	}()
 	n := len(c.nodes)
-	rs := &roundState{results: make([]NodeResult, n), decided: make(chan struct{})}
+	rs := &roundState{c: c, spec: &spec, results: make([]NodeResult, n), decided: make(chan struct{})}
 	for i := range rs.results {
 		rs.results[i] = NodeResult{Node: i, Addr: c.nodes[i].addr, Outcome: -1}
 	}
-	start := time.Now()
+	rs.start = time.Now()
 	// One deadline for the whole round: every node has the same per-node
-	// timeout. The context lives until the last call returns, so that calls
-	// still running after an early decision can finish.
-	end := start.Add(c.cfg.nodeTimeout)
+	// timeout. The context lives until the last answer, so that scripts
+	// still queued after an early decision are sent.
+	end := rs.start.Add(c.cfg.nodeTimeout)
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
 	}
@@ -250,80 +257,89 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		return rs.results
 	}
 	rs.running.Store(int32(calls))
+	ops := make([]op, n)
 	for i := range c.nodes {
 		if i < len(spec.skip) && spec.skip[i] {
 			continue
 		}
-		nd := &c.nodes[i]
-		go func() {
-			defer func() {
-				if rs.running.Add(-1) == 0 {
-					rs.cancel() // the last call of the round has returned
-				}
-			}()
-			cctx, nspan := c.tel.nodeSpan(nctx, nd, spec.op)
-			rep, err := spec.call(cctx, nd)
-			if nspan != nil {
-				if err != nil {
-					nspan.SetStatus(codes.Error, err.Error())
-				}
-				nspan.End()
-			}
-			r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(start),
-				Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent,
-				reentered: rep.reentered}
-			switch {
-			case err != nil && isTimeout(err):
-				r.Outcome = OutcomeTimeout
-			case err != nil:
-				r.Outcome = OutcomeError
-			case rep.gated:
-				r.Outcome = OutcomeGated
-			case !rep.ok:
-				r.Outcome = OutcomeHeld
-			}
-			rs.mu.Lock()
-			if rs.closed {
-				rs.mu.Unlock()
-				if spec.late != nil {
-					spec.late(nd, rep, err)
-				}
-				return
-			}
-			rs.results[nd.idx] = r
-			if r.Outcome == OutcomeOK {
-				rs.ok++
-			} else {
-				rs.bad++
-			}
-			if rs.ok+rs.bad == n || (spec.early && (rs.ok >= c.quorum || rs.bad > n-c.quorum)) {
-				rs.closed = true
-				close(rs.decided)
-			}
-			rs.mu.Unlock()
-		}()
+		o := &ops[i]
+		o.rs, o.nd = rs, &c.nodes[i]
+		o.ctx, o.span = c.tel.nodeSpan(nctx, o.nd, spec.op)
+		o.script, o.keys, o.args, o.complete = spec.script, spec.keys, spec.args, completeRound
+		o.nd.submit(o)
 	}
-	timer := time.NewTimer(time.Until(end))
-	defer timer.Stop()
 	var cause error
 	missing := OutcomeTimeout
 	select {
 	case <-rs.decided:
 		missing = OutcomePending
-	case <-timer.C:
-		cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
-	case <-ctx.Done():
-		cause = context.Cause(ctx)
+	case <-nctx.Done():
+		if cause = context.Cause(ctx); cause == nil {
+			cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
+		}
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	rs.closed = true // later answers go to spec.late and never touch results
+	if !rs.closed {
+		rs.closed = true // later answers go to spec.late and never touch results
+	} else {
+		missing = OutcomePending
+	}
 	for i := range rs.results {
 		if r := &rs.results[i]; r.Outcome < 0 {
-			r.Outcome, r.Err, r.Latency = missing, cause, time.Since(start)
+			r.Outcome, r.Err, r.Latency = missing, cause, time.Since(rs.start)
 		}
 	}
 	return rs.results
+}
+
+// completeRound records a node's answer in its round. It runs in the
+// node's worker and never blocks.
+func completeRound(o *op) {
+	rs, spec, nd := o.rs, o.rs.spec, o.nd
+	rep, err := spec.parse(o.res)
+	if o.span != nil {
+		if err != nil {
+			o.span.SetStatus(codes.Error, err.Error())
+		}
+		o.span.End()
+	}
+	r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(rs.start),
+		Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent,
+		reentered: rep.reentered}
+	switch {
+	case err != nil && isTimeout(err):
+		r.Outcome = OutcomeTimeout
+	case err != nil:
+		r.Outcome = OutcomeError
+	case rep.gated:
+		r.Outcome = OutcomeGated
+	case !rep.ok:
+		r.Outcome = OutcomeHeld
+	}
+	n := len(rs.results)
+	rs.mu.Lock()
+	if rs.closed {
+		rs.mu.Unlock()
+		if spec.late != nil && err == nil && rep.ok {
+			go spec.late(nd, rep)
+		}
+	} else {
+		rs.results[nd.idx] = r
+		if r.Outcome == OutcomeOK {
+			rs.ok++
+		} else {
+			rs.bad++
+		}
+		if rs.ok+rs.bad == n || (spec.early && (rs.ok >= rs.c.quorum || rs.bad > n-rs.c.quorum)) {
+			rs.closed = true
+			close(rs.decided)
+		}
+		rs.mu.Unlock()
+	}
+	if rs.running.Add(-1) == 0 {
+		rs.cancel() // the last answer of the round
+	}
 }
 
 func isTimeout(err error) bool {
@@ -379,13 +395,14 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 		return "", false, invalidf("empty resource")
 	}
 	key := c.cfg.keyPrefix + resource
-	rs := c.round(ctx, roundSpec{op: "holder", call: func(ctx context.Context, n *node) (reply, error) {
-		v, err := n.run(ctx, holderScript, []string{key}).Text()
-		if errors.Is(err, redis.Nil) {
-			return reply{ok: true}, nil
-		}
-		return reply{ok: true, value: v}, err
-	}})
+	rs := c.round(ctx, roundSpec{op: "holder", script: holderScript, keys: []string{key},
+		parse: func(cmd *redis.Cmd) (reply, error) {
+			v, err := cmd.Text()
+			if errors.Is(err, redis.Nil) {
+				return reply{ok: true}, nil
+			}
+			return reply{ok: true, value: v}, err
+		}})
 	votes := map[string]int{}
 	for _, r := range rs {
 		if _, md, ok := splitValue(r.value); r.Outcome == OutcomeOK && ok {

@@ -393,10 +393,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	}
 	rs := c.round(ctx, roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,
-		call: func(ctx context.Context, n *node) (reply, error) {
-			v, err := n.run(ctx, acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid).Slice()
-			return parseAcquire(v, err)
-		},
+		script: acquireScript, keys: l.keys,
+		args:  []any{l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid},
+		parse: func(cmd *redis.Cmd) (reply, error) { return parseAcquire(cmd.Slice()) },
 		early: true,
 		late:  l.lateGrant,
 	})
@@ -492,10 +491,9 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 		owner = "1"
 	}
 	return c.round(ctx, roundSpec{
-		op: "fence",
-		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-			return n.run(ctx, fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner)
-		}, 1),
+		op:     "fence",
+		script: fenceScript, keys: keys, args: []any{token, c.cfg.fencingRetention.Milliseconds(), owner},
+		parse: okParse(1),
 		early: true,
 	})
 }
@@ -508,10 +506,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 // (released, or failed for good) waits for that last deleting round and is
 // deleted here only if that round did not delete it on this node: its
 // script was dropped at the round's deadline, or failed.
-func (l *Lock) lateGrant(n *node, r reply, err error) {
-	if err != nil || !r.ok {
-		return
-	}
+func (l *Lock) lateGrant(n *node, _ reply) {
 	l.mu.Lock()
 	ended := l.state == stateReleased
 	l.mu.Unlock()
@@ -546,9 +541,8 @@ func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool
 	if op == "release" {
 		notice = l.noticeID()
 	}
-	return c.round(ctx, roundSpec{op: op, skip: skip, call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-		return n.run(ctx, releaseScript, keys, l.value, l.aid, notice)
-	}, int64(l.nlock))})
+	return c.round(ctx, roundSpec{op: op, skip: skip, script: releaseScript, keys: keys,
+		args: []any{l.value, l.aid, notice}, parse: okParse(int64(l.nlock))})
 }
 
 // ownedKeys returns the lock keys and, for a reentrant lock, the holds
@@ -624,9 +618,8 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		// No extension leaves after the validity ends: a script still
 		// queued for a busy node at Until is dropped, never sent.
 		deadline: l.Until(),
-		call: okCall(func(ctx context.Context, n *node) *redis.Cmd {
-			return n.run(ctx, extendScript, l.ownedKeys(), l.value, ttl.Milliseconds(), owner)
-		}, 1),
+		script:   extendScript, keys: l.ownedKeys(), args: []any{l.value, ttl.Milliseconds(), owner},
+		parse: okParse(1),
 		early: true,
 	})
 	l.mu.Lock()

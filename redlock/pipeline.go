@@ -2,11 +2,11 @@ package redlock
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // luaScript is a script with its source, for EVAL when a node answers
@@ -18,132 +18,98 @@ type luaScript struct {
 
 func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScript(src), src: src} }
 
-// Pipelining. Concurrent rounds send their scripts for one node through
-// that node's batcher: a caller that finds no batch in flight sends its own
-// script at once (one EVALSHA, as without batching); callers that arrive
-// while a batch is in flight queue up, and when it returns, the first of
-// them sends everything queued as one pipeline (one write, one read). No
-// goroutine is started: the callers take turns. Per-lock semantics are
-// unchanged: each round still has its own deadline (a caller whose context
-// ends while queued leaves the queue, so its script never runs; one whose
-// script was sent keeps waiting for the reply, so that a late grant is
-// cleaned up as without batching), and batches go out one at a time in
-// arrival order, so a release sent after an acquire on the same node runs
-// after it.
+// Pipelining. Every script for a node goes through that node's queue,
+// which one worker goroutine drains: it sends what is queued (one op
+// alone as EVALSHA, several as one pipeline: one write, one read),
+// delivers the replies, and takes the next batch. Concurrent rounds thus
+// share writes (auto-pipelining), and a round starts no goroutine of its
+// own: it queues one op per node and waits. The worker is started by an op
+// that finds none running and ends as soon as it finds the queue empty, so
+// an idle Client runs no goroutine (no linger: tests with goleak or
+// testing/synctest find none left), while under load the workers run on.
+//
+// Per-lock semantics are unchanged: each op keeps its round's deadline (an
+// op whose deadline has passed when its turn comes is never sent), a
+// pipeline runs under the latest deadline of its ops (never one op's
+// cancellation: the others still wait for it), and batches go out one at
+// a time in queue order, so that on each node a release sent after an
+// acquire runs after it (lateGrant relies on it).
 
-// batcher queues the scripts waiting for one node.
-type batcher struct {
-	mu       sync.Mutex
-	queue    []*op
-	flushing bool // a caller is sending a batch
+// nodeQueue holds the ops waiting for one node.
+type nodeQueue struct {
+	mu      sync.Mutex
+	queue   []*op
+	spare   []*op // the worker's previous batch, reused as the next queue
+	running bool  // a worker is draining the queue
 }
 
-// op is one script call waiting for, or sent in, a batch.
+// op is one script call for one node. The worker fills in res and calls
+// complete.
 type op struct {
-	ctx    context.Context // the caller's; used when the op is sent alone
+	ctx    context.Context // its round's (with the round's deadline)
 	script *luaScript
 	keys   []string
 	args   []any
 	res    *redis.Cmd
-	done   chan struct{} // closed once res is set; nil for the sender's own op
-	lead   chan struct{} // 1-buffered: this caller is to send the next batch
+	// complete is called by the worker once res is set; it must not block.
+	complete func(o *op)
+
+	// Round bookkeeping (client.go).
+	rs   *roundState
+	nd   *node
+	span trace.Span // per-node span (WithNodeSpans), or nil
+	done chan struct{}
 }
 
-// run sends script to n through its batcher and returns its reply, or ctx's
-// error when ctx ends first.
+// submit queues o for n, starting n's worker if none runs.
+func (n *node) submit(o *op) {
+	q := &n.queue
+	q.mu.Lock()
+	q.queue = append(q.queue, o)
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start {
+		go n.work()
+	}
+}
+
+// run sends script to n and waits for its reply (outside rounds: the
+// cleanup of a late grant).
 func (n *node) run(ctx context.Context, script *luaScript, keys []string, args ...any) *redis.Cmd {
-	o := &op{ctx: ctx, script: script, keys: keys, args: args}
-	b := &n.batch
-	b.mu.Lock()
-	if !b.flushing {
-		b.flushing = true
-		b.mu.Unlock()
-		n.sendOne(o)
-		return o.res
-	}
-	o.done, o.lead = make(chan struct{}), make(chan struct{}, 1)
-	b.queue = append(b.queue, o)
-	b.mu.Unlock()
-	select {
-	case <-o.done:
-		return o.res
-	case <-o.lead:
-		b.mu.Lock()
-		batch := b.queue
-		b.queue = nil
-		b.mu.Unlock()
+	o := &op{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{}),
+		complete: func(o *op) { close(o.done) }}
+	n.submit(o)
+	<-o.done
+	return o.res
+}
+
+// work drains n's queue and ends when it finds it empty.
+func (n *node) work() {
+	q := &n.queue
+	for {
+		q.mu.Lock()
+		batch := q.queue
+		if len(batch) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		q.queue, q.spare = q.spare[:0], nil
+		q.mu.Unlock()
 		n.send(batch)
-		return o.res
-	case <-ctx.Done():
-		b.mu.Lock()
-		i := slices.Index(b.queue, o)
-		if i >= 0 {
-			b.queue = slices.Delete(b.queue, i, i+1) // never sent
-		}
-		select {
-		case <-o.lead: // promoted while leaving: pass the turn on
-			b.handOffLocked()
-		default:
-		}
-		b.mu.Unlock()
-		if i < 0 {
-			// Already sent: wait for the real reply, so that a grant
-			// landing late is seen and handled (lateGrant), as the round
-			// has stopped waiting for this node.
-			<-o.done
-			return o.res
-		}
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(context.Cause(ctx))
-		return cmd
+		clear(batch)
+		q.mu.Lock()
+		q.spare = batch
+		q.mu.Unlock()
 	}
 }
 
-// handOffLocked gives the next turn to the first queued caller, or ends
-// the flushing state. b.mu must be held.
-func (b *batcher) handOffLocked() {
-	if len(b.queue) > 0 {
-		b.queue[0].lead <- struct{}{}
-		return
-	}
-	b.flushing = false
-}
-
-// sendOne sends the op of a caller that found no batch in flight, with the
-// caller's own context, and passes the turn.
-func (n *node) sendOne(o *op) {
-	o.res = n.exec(o)
-	n.passTurn()
-}
-
-// exec sends one op unless its caller's context has already ended: a script
-// is never sent after its round's deadline.
-func (n *node) exec(o *op) *redis.Cmd {
-	if err := ended(o.ctx); err != nil {
-		cmd := redis.NewCmd(o.ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return n.evalOne(o)
-}
-
-// evalOne sends one op as EVALSHA and, on NOSCRIPT, as EVAL, unless its
-// deadline has passed meanwhile (no script leaves after its round's
-// deadline, also not a fallback).
-func (n *node) evalOne(o *op) *redis.Cmd {
-	cmd := n.rdb.EvalSha(o.ctx, o.script.Hash(), o.keys, o.args...)
-	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || ended(o.ctx) != nil {
-		return cmd
-	}
-	return n.rdb.Eval(o.ctx, o.script.src, o.keys, o.args...)
-}
-
-// send sends a batch of queued ops: alone with its caller's context, or as
-// a pipeline under the latest of their deadlines (but none's cancellation:
-// the others still wait for it). It fills in every op's reply and passes
-// the turn.
+// send sends a batch: the ops whose deadline has passed get that error
+// and are never sent; one live op goes alone with its own context, several
+// as a pipeline. Every op's complete is called, in queue order.
 func (n *node) send(batch []*op) {
-	live := batch[:0:0]
+	live := make([]*op, 0, len(batch))
 	for _, o := range batch {
 		if err := ended(o.ctx); err != nil {
 			o.res = redis.NewCmd(o.ctx)
@@ -152,9 +118,10 @@ func (n *node) send(batch []*op) {
 			live = append(live, o)
 		}
 	}
-	if len(live) == 1 {
+	switch {
+	case len(live) == 1:
 		live[0].res = n.evalOne(live[0])
-	} else if len(live) > 1 {
+	case len(live) > 1:
 		var deadline time.Time
 		for _, o := range live {
 			if d, ok := o.ctx.Deadline(); ok && d.After(deadline) {
@@ -170,17 +137,19 @@ func (n *node) send(batch []*op) {
 		n.sendPipeline(ctx, live)
 	}
 	for _, o := range batch {
-		close(o.done)
+		o.complete(o)
 	}
-	n.passTurn()
 }
 
-// passTurn lets the first queued caller send the next batch.
-func (n *node) passTurn() {
-	b := &n.batch
-	b.mu.Lock()
-	b.handOffLocked()
-	b.mu.Unlock()
+// evalOne sends one op as EVALSHA and, on NOSCRIPT, as EVAL, unless its
+// deadline has passed meanwhile (no script leaves after its round's
+// deadline, also not a fallback).
+func (n *node) evalOne(o *op) *redis.Cmd {
+	cmd := n.rdb.EvalSha(o.ctx, o.script.Hash(), o.keys, o.args...)
+	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || ended(o.ctx) != nil {
+		return cmd
+	}
+	return n.rdb.Eval(o.ctx, o.script.src, o.keys, o.args...)
 }
 
 // sendPipeline sends batch as one pipeline of EVALSHA, then the scripts the
