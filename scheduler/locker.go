@@ -169,14 +169,15 @@ func (l *Locker) Tick(job string) time.Time {
 
 // Lock implements gocron.Locker. key is the job's name. It decides without
 // waiting for a busy job: one quorum round for the tick record and one for
-// the run lock, bounded by the lock timeout. On success the run lock is
+// the run lock, each retried only when no one won it (a split vote) or
+// nodes did not answer, all bounded by the lock timeout. On success the run lock is
 // extended in the background until Unlock, and a lost lock cancels the run's
 // context (RunContext).
 //
 // Errors (gocron skips the run and passes them to AfterLockError):
 // ErrHeldElsewhere when another instance took this tick or runs the job;
 // an error matching redlock.ErrUnavailable (with the redlock *QuorumError)
-// when too many Redis nodes failed; ErrUnstableName for an empty name; ctx's
+// when too many Redis nodes still failed at the lock timeout; ErrUnstableName for an empty name; ctx's
 // error when ctx ended. Lock never returns (nil, nil).
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if key == "" {
@@ -224,22 +225,31 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 // take acquires resource for this instance. A round that no single holder
 // won — instances that fired at the same instant split the nodes between
 // them, and each undid its minority — is retried after a short random delay
-// until someone wins or lctx ends; a round lost to one holder with a
-// quorum, or to unavailable nodes, is final.
+// until someone wins or lctx ends. A round that failed because nodes did
+// not answer (a burst of ticks queued past the node timeout, a node
+// restarting) is retried too, with a growing random delay, until lctx (the
+// lock timeout) ends: every round is a full acquisition, undone where it
+// failed, so retrying never gives a tick twice. A round lost to one holder
+// with a quorum is final.
 func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) (*redlock.Lock, error) {
+	unavailable := 0
 	for {
 		lk, err := l.client.TryAcquire(lctx, []string{resource}, ttl, redlock.WithMetadata(l.cfg.instance))
 		if err == nil {
 			return lk, nil
 		}
 		var qerr *redlock.QuorumError
-		if !errors.As(err, &qerr) || errors.Is(err, redlock.ErrUnavailable) {
+		if !errors.As(err, &qerr) {
 			return nil, err
 		}
-		if _, taken := qerr.Holder(); taken {
+		delay := time.Millisecond + rand.N(splitDelay)
+		if errors.Is(err, redlock.ErrUnavailable) {
+			unavailable++
+			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
+		} else if _, taken := qerr.Holder(); taken {
 			return nil, err
 		}
-		t := time.NewTimer(time.Millisecond + rand.N(splitDelay))
+		t := time.NewTimer(delay)
 		select {
 		case <-lctx.Done():
 			t.Stop()
@@ -249,8 +259,14 @@ func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) 
 	}
 }
 
-// splitDelay bounds the random delay before retrying a split round.
-const splitDelay = 15 * time.Millisecond
+// splitDelay bounds the random delay before retrying a split round;
+// unavailableDelay x 2^n (at most maxUnavailableDelay) the delay before
+// the n-th retry of a round that nodes did not answer.
+const (
+	splitDelay          = 15 * time.Millisecond
+	unavailableDelay    = 5 * time.Millisecond
+	maxUnavailableDelay = 200 * time.Millisecond
+)
 
 // tickFormat formats ticks in spans and errors.
 const tickFormat = "2006-01-02T15:04:05.000Z07:00"

@@ -99,9 +99,10 @@ func WithTickResolution(d time.Duration) LockerOption {
 // DefaultKeyPrefix ("schedlock:"); "" is allowed.
 func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.prefix = p } }
 
-// WithLockTimeout bounds one Lock call (two quorum rounds at most, each
-// also bounded by the redlock node timeout). A busy job is never waited for:
-// it is a skip. Default DefaultLockTimeout (1 s); NewLocker rejects values
+// WithLockTimeout bounds one Lock call: its quorum rounds (each bounded by
+// the redlock node timeout) and the retries of rounds that nodes did not
+// answer or that split the votes. A busy job is never waited for: it is a
+// skip. Default DefaultLockTimeout (1 s); NewLocker rejects values
 // <= 0.
 func WithLockTimeout(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.lockTimeout = d }
