@@ -297,6 +297,15 @@ func (l *Lock) noticeID() string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// detached returns ctx without its cancellation (context.WithoutCancel),
+// or ctx itself when it can never be cancelled.
+func detached(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
+}
+
 // releaseChannels returns the channels of the release notices of l's lock
 // keys (releaseScript).
 func (l *Lock) releaseChannels() []string {
@@ -449,7 +458,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld
 	}
-	undone := c.releaseAll(context.WithoutCancel(ctx), l, "undo", skip)
+	undone := c.releaseAll(detached(ctx), l, "undo", skip)
 	l.mu.Lock()
 	l.undone = undone
 	l.mu.Unlock()
@@ -705,7 +714,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if prev == stateReleased {
 		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
 	}
-	rs := l.c.releaseAll(context.WithoutCancel(ctx), l, "release", nil)
+	rs := l.c.releaseAll(detached(ctx), l, "release", nil)
 	l.mu.Lock()
 	l.finishLocked(rs)
 	l.mu.Unlock()

@@ -146,7 +146,7 @@ func (n *node) send(batch []*op) {
 // deadline, also not a fallback).
 func (n *node) evalOne(o *op) *redis.Cmd {
 	cmd := n.rdb.EvalSha(o.ctx, o.script.Hash(), o.keys, o.args...)
-	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || ended(o.ctx) != nil {
+	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") || ended(o.ctx) != nil {
 		return cmd
 	}
 	return n.rdb.Eval(o.ctx, o.script.src, o.keys, o.args...)
@@ -163,7 +163,7 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	var again []*op
 	for _, o := range batch {
 		// Re-send as EVAL only the scripts whose round is still on.
-		if redis.HasErrorPrefix(o.res.Err(), "NOSCRIPT") && ended(o.ctx) == nil {
+		if err := o.res.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && ended(o.ctx) == nil {
 			again = append(again, o)
 		}
 	}

@@ -105,7 +105,7 @@ func newTelemetry(cfg config) (*telemetry, error) {
 
 // startOp starts an operation span.
 func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
-	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.tracer.Start(ctx, name, spanKindInternal)
 	if span.IsRecording() {
 		if !t.hideResources {
 			span.SetAttributes(tracing.Resources.StringSlice(resources))
@@ -117,9 +117,16 @@ func (t *telemetry) startOp(ctx context.Context, name string, resources []string
 	return ctx, span
 }
 
+// spanKindInternal is built once: the option costs an allocation per call.
+var spanKindInternal = trace.WithSpanKind(trace.SpanKindInternal)
+
 // endOp ends an operation span with the outcome of err: contention leaves
 // the status unset, real failures set status Error and error.type.
 func endOp(span trace.Span, err error) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	outcome, errType := classify(err)
 	span.SetAttributes(tracing.Outcome.String(outcome))
 	if errType != "" {
@@ -160,7 +167,7 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
 		return ctx, parent
 	}
-	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, spanKindInternal)
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.RoundOp.String(op),
@@ -234,27 +241,44 @@ func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs
 }
 
 // attrCache holds metric attribute options by key, built once each.
-var attrCache sync.Map // string -> metric.MeasurementOption
+// attrCache holds the attribute sets of measurements, built once per
+// combination (a handful of ops and outcomes): no allocation per round.
+var attrCache struct {
+	sync.RWMutex
+	m map[[2]string]metric.MeasurementOption
+}
+
+// cachedAttrs returns the cached option for key, building it with build
+// on first use.
+func cachedAttrs(key [2]string, build func() attribute.Set) metric.MeasurementOption {
+	attrCache.RLock()
+	o, ok := attrCache.m[key]
+	attrCache.RUnlock()
+	if ok {
+		return o
+	}
+	o = metric.WithAttributeSet(build())
+	attrCache.Lock()
+	if attrCache.m == nil {
+		attrCache.m = make(map[[2]string]metric.MeasurementOption)
+	}
+	attrCache.m[key] = o
+	attrCache.Unlock()
+	return o
+}
 
 // roundAttrs returns the attributes of a round duration measurement.
 func roundAttrs(op, outcome string) metric.MeasurementOption {
-	key := op + "\x00" + outcome
-	if o, ok := attrCache.Load(key); ok {
-		return o.(metric.MeasurementOption)
-	}
-	o := metric.WithAttributeSet(attribute.NewSet(tracing.RoundOp.String(op), tracing.Outcome.String(outcome)))
-	attrCache.Store(key, o)
-	return o
+	return cachedAttrs([2]string{op, outcome}, func() attribute.Set {
+		return attribute.NewSet(tracing.RoundOp.String(op), tracing.Outcome.String(outcome))
+	})
 }
 
 // outcomeAttrs returns the attributes of a measurement with only an outcome.
 func outcomeAttrs(outcome string) metric.MeasurementOption {
-	if o, ok := attrCache.Load(outcome); ok {
-		return o.(metric.MeasurementOption)
-	}
-	o := metric.WithAttributeSet(attribute.NewSet(tracing.Outcome.String(outcome)))
-	attrCache.Store(outcome, o)
-	return o
+	return cachedAttrs([2]string{"", outcome}, func() attribute.Set {
+		return attribute.NewSet(tracing.Outcome.String(outcome))
+	})
 }
 
 // roundOutcome is the default outcome of a round's results.
