@@ -547,7 +547,7 @@ func (l *Lock) lateGrant(n *node, _ reply) {
 func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool) []NodeResult {
 	keys := l.ownedKeys()
 	notice := "" // only a Release wakes waiters (wake.go)
-	if op == "release" {
+	if op == "release" && !c.cfg.noWake {
 		notice = l.noticeID()
 	}
 	return c.round(ctx, roundSpec{op: op, skip: skip, script: releaseScript, keys: keys,

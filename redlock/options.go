@@ -151,11 +151,13 @@ func WithFencing(on bool) SharedOption {
 // Acquire that lost a round subscribes, on every node, to the release
 // notices of its resources and starts its next round as soon as one is
 // released, instead of sleeping out the retry delay, which stays the
-// fallback (see wake.go). Turn it off where the nodes refuse SUBSCRIBE
-// (ACLs without &channel access, proxies without pub/sub); releases still
-// publish their notices. While an Acquire waits, the Client keeps one
-// PubSub connection and two goroutines per node; they end when no Acquire
-// waits any more (on a stopped node, once the dial or command in progress
+// fallback (see wake.go). The channels are "<key>:released" (key prefix
+// included): an ACL user needs &<prefix>*:released (Redis 7 gives new
+// users no channel); a release whose PUBLISH is denied still releases.
+// Turn it off where the nodes refuse SUBSCRIBE (ACLs, proxies without
+// pub/sub): this Client's releases then publish nothing either. While an
+// Acquire waits, the Client keeps one PubSub connection and two goroutines
+// per node; they end when no Acquire waits any more (on a stopped node, once the dial or command in progress
 // there returns: go-redis's dial and read timeouts bound it).
 func WithReleaseNotices(on bool) Option {
 	return clientOption(func(c *config) { c.noWake = !on })

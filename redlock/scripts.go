@@ -157,7 +157,9 @@ return 1
 // ARGV[3], an ID of the lock, as a release notice on the channel
 // "<key>:released" (releasedSuffix), which wakes the Acquire calls waiting
 // for the key (wake.go). Undo rounds and late-grant cleanups publish
-// nothing, nor does a key that expires: waiters poll as well.
+// nothing, nor does a key that expires: waiters poll as well. PUBLISH runs
+// under pcall: a user whose ACL denies the channel (Redis 7's default for
+// new users is resetchannels) still releases; its waiters poll.
 var releaseScript = newScript(`
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]
@@ -177,7 +179,7 @@ for i = 1, n do
     end
     if last then
       redis.call('DEL', KEYS[i])
-      if ARGV[3] ~= '' then redis.call('PUBLISH', KEYS[i] .. '` + releasedSuffix + `', ARGV[3]) end
+      if ARGV[3] ~= '' then redis.pcall('PUBLISH', KEYS[i] .. '` + releasedSuffix + `', ARGV[3]) end
     end
   end
 end

@@ -167,3 +167,48 @@ func TestWakeSurvivesStoppedNode(t *testing.T) {
 	}
 	cl[2].Cont(t)
 }
+
+// TestReleaseWithoutChannelPermission: an ACL user without channel access
+// (Redis 7's default for new users) acquires and releases as usual, the
+// denied PUBLISH notwithstanding, and its waiters still get the lock by
+// polling.
+func TestReleaseWithoutChannelPermission(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	var nodes []redis.UniversalClient
+	for _, s := range cl {
+		if err := s.Client(t).Do(context.Background(), "ACL", "SETUSER", "locker", "on", ">secret",
+			"~*", "+@all", "resetchannels").Err(); err != nil {
+			t.Fatalf("ACL SETUSER: %v", err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: "locker", Password: "secret"})
+		t.Cleanup(func() { rdb.Close() })
+		nodes = append(nodes, rdb)
+	}
+	c := newClient(t, nodes, redlock.WithRetry(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) }))
+	ctx := context.Background()
+	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, []string{"r"}, 30*time.Second)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // lost rounds; SUBSCRIBE refused
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release with PUBLISH denied: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	for i, s := range cl {
+		if n := len(s.Keys(t)); n != 0 {
+			t.Errorf("node %d: %d keys left", i, n)
+		}
+	}
+}
