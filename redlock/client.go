@@ -173,8 +173,9 @@ func okParse(want int64) func(*redis.Cmd) (reply, error) {
 // after the round was decided are "late" and go to the late callback.
 type roundState struct {
 	c       *Client
-	spec    *roundSpec
+	spec    roundSpec
 	start   time.Time
+	opsBuf  [5]op              // ops of rounds on up to 5 nodes: no allocation of their own
 	running atomic.Int32       // node calls not yet answered
 	cancel  context.CancelFunc // of the round's node context, called by the last answer
 	mu      sync.Mutex
@@ -191,8 +192,7 @@ type roundSpec struct {
 	attempt int           // acquire rounds: 1-based attempt number
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
 	script  *luaScript
-	keys    []string
-	args    []any
+	cmd     []any // evalArgs(script, keys, args...)
 	parse   func(*redis.Cmd) (reply, error)
 	skip    []bool // optional: nodes not to call, counted as OutcomeOK
 	early   bool   // decide as soon as the outcome is known
@@ -228,14 +228,15 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		c.tel.endRound(ctx, span, spec.op, results, c.quorum, took, outcome)
 	}()
 	n := len(c.nodes)
-	rs := &roundState{c: c, spec: &spec, results: make([]NodeResult, n), decided: make(chan struct{})}
+	rs := &roundState{c: c, spec: spec, results: make([]NodeResult, n), decided: make(chan struct{})}
 	for i := range rs.results {
 		rs.results[i] = NodeResult{Node: i, Addr: c.nodes[i].addr, Outcome: -1}
 	}
 	rs.start = time.Now()
 	// One deadline for the whole round: every node has the same per-node
 	// timeout. The context lives until the last answer, so that scripts
-	// still queued after an early decision are sent.
+	// still queued after an early decision are sent until the deadline; it
+	// also bounds go-redis's own retries and pool waits.
 	end := rs.start.Add(c.cfg.nodeTimeout)
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
@@ -257,15 +258,20 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		return rs.results
 	}
 	rs.running.Store(int32(calls))
-	ops := make([]op, n)
+	var ops []op
+	if n > len(rs.opsBuf) {
+		ops = make([]op, n)
+	} else {
+		ops = rs.opsBuf[:n]
+	}
 	for i := range c.nodes {
 		if i < len(spec.skip) && spec.skip[i] {
 			continue
 		}
 		o := &ops[i]
-		o.rs, o.nd = rs, &c.nodes[i]
+		o.rs, o.nd, o.deadline = rs, &c.nodes[i], end
 		o.ctx, o.span = c.tel.nodeSpan(nctx, o.nd, spec.op)
-		o.script, o.keys, o.args, o.complete = spec.script, spec.keys, spec.args, completeRound
+		o.script, o.cmd, o.complete = spec.script, spec.cmd, completeRound
 		o.nd.submit(o)
 	}
 	var cause error
@@ -296,7 +302,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 // completeRound records a node's answer in its round. It runs in the
 // node's worker and never blocks.
 func completeRound(o *op) {
-	rs, spec, nd := o.rs, o.rs.spec, o.nd
+	rs, spec, nd := o.rs, &o.rs.spec, o.nd
 	rep, err := spec.parse(o.res)
 	if o.span != nil {
 		if err != nil {
@@ -395,7 +401,7 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 		return "", false, invalidf("empty resource")
 	}
 	key := c.cfg.keyPrefix + resource
-	rs := c.round(ctx, roundSpec{op: "holder", script: holderScript, keys: []string{key},
+	rs := c.round(ctx, roundSpec{op: "holder", script: holderScript, cmd: evalArgs(holderScript, []string{key}),
 		parse: func(cmd *redis.Cmd) (reply, error) {
 			v, err := cmd.Text()
 			if errors.Is(err, redis.Nil) {

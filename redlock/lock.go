@@ -402,11 +402,11 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	}
 	rs := c.round(ctx, roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,
-		script: acquireScript, keys: l.keys,
-		args:  []any{l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid},
-		parse: func(cmd *redis.Cmd) (reply, error) { return parseAcquire(cmd.Slice()) },
-		early: true,
-		late:  l.lateGrant,
+		script: acquireScript,
+		cmd:    evalArgs(acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid),
+		parse:  func(cmd *redis.Cmd) (reply, error) { return parseAcquire(cmd.Slice()) },
+		early:  true,
+		late:   l.lateGrant,
 	})
 	// A reentrant hold keeps the token its owner's hold recorded: any node
 	// that reports it knows the owner holds the lock with that token.
@@ -501,7 +501,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 	}
 	return c.round(ctx, roundSpec{
 		op:     "fence",
-		script: fenceScript, keys: keys, args: []any{token, c.cfg.fencingRetention.Milliseconds(), owner},
+		script: fenceScript, cmd: evalArgs(fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner),
 		parse: okParse(1),
 		early: true,
 	})
@@ -550,8 +550,8 @@ func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool
 	if op == "release" && !c.cfg.noWake {
 		notice = l.noticeID()
 	}
-	return c.round(ctx, roundSpec{op: op, skip: skip, script: releaseScript, keys: keys,
-		args: []any{l.value, l.aid, notice}, parse: okParse(int64(l.nlock))})
+	return c.round(ctx, roundSpec{op: op, skip: skip, script: releaseScript,
+		cmd: evalArgs(releaseScript, keys, l.value, l.aid, notice), parse: okParse(int64(l.nlock))})
 }
 
 // ownedKeys returns the lock keys and, for a reentrant lock, the holds
@@ -627,7 +627,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		// No extension leaves after the validity ends: a script still
 		// queued for a busy node at Until is dropped, never sent.
 		deadline: l.Until(),
-		script:   extendScript, keys: l.ownedKeys(), args: []any{l.value, ttl.Milliseconds(), owner},
+		script:   extendScript, cmd: evalArgs(extendScript, l.ownedKeys(), l.value, ttl.Milliseconds(), owner),
 		parse: okParse(1),
 		early: true,
 	})

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -46,11 +47,11 @@ type nodeQueue struct {
 // op is one script call for one node. The worker fills in res and calls
 // complete.
 type op struct {
-	ctx    context.Context // its round's (with the round's deadline)
-	script *luaScript
-	keys   []string
-	args   []any
-	res    *redis.Cmd
+	ctx      context.Context // the round's (with its deadline), or the caller's
+	deadline time.Time       // never sent at or after it (zero: ctx's deadline only)
+	script   *luaScript
+	cmd      []any // EVALSHA and its arguments (evalArgs), shared by a round's ops
+	res      *redis.Cmd
 	// complete is called by the worker once res is set; it must not block.
 	complete func(o *op)
 
@@ -77,7 +78,7 @@ func (n *node) submit(o *op) {
 // run sends script to n and waits for its reply (outside rounds: the
 // cleanup of a late grant).
 func (n *node) run(ctx context.Context, script *luaScript, keys []string, args ...any) *redis.Cmd {
-	o := &op{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{}),
+	o := &op{ctx: ctx, script: script, cmd: evalArgs(script, keys, args...), done: make(chan struct{}),
 		complete: func(o *op) { close(o.done) }}
 	n.submit(o)
 	<-o.done
@@ -111,7 +112,7 @@ func (n *node) work() {
 func (n *node) send(batch []*op) {
 	live := make([]*op, 0, len(batch))
 	for _, o := range batch {
-		if err := ended(o.ctx); err != nil {
+		if err := o.ended(); err != nil {
 			o.res = redis.NewCmd(o.ctx)
 			o.res.SetErr(err) // its deadline passed while queued
 		} else {
@@ -124,7 +125,7 @@ func (n *node) send(batch []*op) {
 	case len(live) > 1:
 		var deadline time.Time
 		for _, o := range live {
-			if d, ok := o.ctx.Deadline(); ok && d.After(deadline) {
+			if d := o.end(); d.After(deadline) {
 				deadline = d
 			}
 		}
@@ -145,11 +146,11 @@ func (n *node) send(batch []*op) {
 // deadline has passed meanwhile (no script leaves after its round's
 // deadline, also not a fallback).
 func (n *node) evalOne(o *op) *redis.Cmd {
-	cmd := n.rdb.EvalSha(o.ctx, o.script.Hash(), o.keys, o.args...)
-	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") || ended(o.ctx) != nil {
+	cmd := n.rdb.Do(o.ctx, o.cmd...)
+	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") || o.ended() != nil {
 		return cmd
 	}
-	return n.rdb.Eval(o.ctx, o.script.src, o.keys, o.args...)
+	return n.rdb.Do(o.ctx, evalFallback(o)...)
 }
 
 // sendPipeline sends batch as one pipeline of EVALSHA, then the scripts the
@@ -157,13 +158,13 @@ func (n *node) evalOne(o *op) *redis.Cmd {
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	pipe := n.rdb.Pipeline()
 	for _, o := range batch {
-		o.res = pipe.EvalSha(ctx, o.script.Hash(), o.keys, o.args...)
+		o.res = pipe.Do(ctx, o.cmd...)
 	}
 	_, _ = pipe.Exec(ctx)
 	var again []*op
 	for _, o := range batch {
 		// Re-send as EVAL only the scripts whose round is still on.
-		if err := o.res.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && ended(o.ctx) == nil {
+		if err := o.res.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && o.ended() == nil {
 			again = append(again, o)
 		}
 	}
@@ -172,19 +173,51 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	}
 	pipe = n.rdb.Pipeline()
 	for _, o := range again {
-		o.res = pipe.Eval(ctx, o.script.src, o.keys, o.args...)
+		o.res = pipe.Do(ctx, evalFallback(o)...)
 	}
 	_, _ = pipe.Exec(ctx)
 }
 
-// ended returns ctx's cause once ctx is done or its deadline has been
-// reached, checked against the clock rather than the context's timer, which
-// may not have fired yet at the deadline itself.
-func ended(ctx context.Context) error {
-	if ctx.Err() != nil {
-		return context.Cause(ctx)
+// evalArgs returns the command EVALSHA sha numkeys keys... args... Built
+// once per round, it is shared by every node's command (go-redis only
+// reads it).
+func evalArgs(script *luaScript, keys []string, args ...any) []any {
+	cmd := make([]any, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
 	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+	return append(cmd, args...)
+}
+
+// evalFallback returns o's command as EVAL with the script's source.
+func evalFallback(o *op) []any {
+	cmd := slices.Clone(o.cmd)
+	cmd[0], cmd[1] = "eval", o.script.src
+	return cmd
+}
+
+// end returns the time after which o is never sent: its round's deadline
+// or its ctx's, whichever comes first (zero: none).
+func (o *op) end() time.Time {
+	d, ok := o.ctx.Deadline()
+	switch {
+	case !ok:
+		return o.deadline
+	case o.deadline.IsZero() || d.Before(o.deadline):
+		return d
+	}
+	return o.deadline
+}
+
+// ended returns o.ctx's cause once it is done, or DeadlineExceeded once
+// o's end has been reached, checked against the clock rather than a
+// context's timer, which may not have fired yet at the deadline itself.
+func (o *op) ended() error {
+	if o.ctx.Err() != nil {
+		return context.Cause(o.ctx)
+	}
+	if d := o.end(); !d.IsZero() && !time.Now().Before(d) {
 		return context.DeadlineExceeded
 	}
 	return nil
