@@ -110,13 +110,21 @@ func (n *node) work() {
 // and are never sent; one live op goes alone with its own context, several
 // as a pipeline. Every op's complete is called, in queue order.
 func (n *node) send(batch []*op) {
-	live := make([]*op, 0, len(batch))
+	dead := 0
 	for _, o := range batch {
 		if err := o.ended(); err != nil {
 			o.res = redis.NewCmd(o.ctx)
 			o.res.SetErr(err) // its deadline passed while queued
-		} else {
-			live = append(live, o)
+			dead++
+		}
+	}
+	live := batch // no allocation while every op is live (the common case)
+	if dead > 0 {
+		live = make([]*op, 0, len(batch)-dead)
+		for _, o := range batch {
+			if o.res == nil {
+				live = append(live, o)
+			}
 		}
 	}
 	switch {
