@@ -42,7 +42,9 @@ import (
 //
 // Key expiry follows the fake clock with 1 ms granularity.
 
-// simExpiryStep is the granularity of key expiry in the simulation.
+// simExpiryStep is how often the simulation's clock moves the engines'
+// TTLs forward between commands; every command also moves them to its own
+// instant first (SimCluster.advance), so expiry is exact, not 1 ms early.
 const simExpiryStep = time.Millisecond
 
 // simEngines are miniredis engines started outside any bubble (miniredis
@@ -91,10 +93,13 @@ type SimCluster struct {
 
 	mu      sync.Mutex
 	clients []*redis.Client
+
+	clockMu sync.Mutex
+	last    time.Time // the instant the engines' TTLs have been moved to
 }
 
 func newSimCluster(engines simEngines) *SimCluster {
-	c := &SimCluster{stop: make(chan struct{})}
+	c := &SimCluster{stop: make(chan struct{}), last: time.Now()}
 	for i, m := range engines {
 		c.Nodes = append(c.Nodes, &SimNode{c: c, idx: i, m: m, conns: map[net.Conn]struct{}{}})
 	}
@@ -106,19 +111,30 @@ func newSimCluster(engines simEngines) *SimCluster {
 // expire advances the engines' TTLs with the fake clock.
 func (c *SimCluster) expire() {
 	defer c.wg.Done()
-	last := time.Now()
 	t := time.NewTicker(simExpiryStep)
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
-		case now := <-t.C:
-			for _, n := range c.Nodes {
-				n.m.FastForward(now.Sub(last))
-			}
-			last = now
+		case <-t.C:
+			c.advance()
 		}
+	}
+}
+
+// advance moves every engine's TTLs forward to now. A command calls it
+// before it runs: otherwise a tick of expire at the command's own instant,
+// handled after it, would take from a new key's TTL time it never lived.
+func (c *SimCluster) advance() {
+	c.clockMu.Lock()
+	defer c.clockMu.Unlock()
+	now := time.Now()
+	if d := now.Sub(c.last); d > 0 {
+		for _, n := range c.Nodes {
+			n.m.FastForward(d)
+		}
+		c.last = now
 	}
 }
 
@@ -168,6 +184,7 @@ func (c *SimCluster) Clients() ([]redis.UniversalClient, []*SimLink) {
 
 // Keys returns the number of keys on every node that satisfy match.
 func (c *SimCluster) Keys(match func(key string) bool) []int {
+	c.advance()
 	out := make([]int, len(c.Nodes))
 	for i, n := range c.Nodes {
 		for _, k := range n.m.Keys() {
@@ -297,7 +314,10 @@ func (n *SimNode) Restart() {
 }
 
 // Keys returns the node's keys.
-func (n *SimNode) Keys() []string { return n.m.Keys() }
+func (n *SimNode) Keys() []string {
+	n.c.advance()
+	return n.m.Keys()
+}
 
 func (n *SimNode) closeConns() {
 	n.mu.Lock()
@@ -380,6 +400,7 @@ func (n *SimNode) serve(conn net.Conn, link *SimLink) {
 				// would outlive the bubble: waiters poll here.
 				peer.WriteError("ERR pub/sub is not simulated")
 			} else {
+				n.c.advance()
 				n.m.Server().Dispatch(peer, req.args)
 			}
 			peer.Flush()
