@@ -34,7 +34,9 @@ func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScrip
 // pipeline runs under the latest deadline of its ops (never one op's
 // cancellation: the others still wait for it), and batches go out one at
 // a time in queue order, so that on each node a release sent after an
-// acquire runs after it (lateGrant relies on it).
+// acquire runs after it (lateGrant relies on it). The one exception, a
+// script re-sent as EVAL after NOSCRIPT behind the rest of its batch, is
+// caught by lateGrant, which checks that the last release ran there.
 
 // nodeQueue holds the ops waiting for one node.
 type nodeQueue struct {

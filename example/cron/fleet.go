@@ -112,7 +112,8 @@ func printHeader(w io.Writer, cfg config, nodes *exnodes.Set, offsets []time.Dur
 		fmt.Fprintf(w, "Note: the clocks differ by %v, more than the scheduler's clock tolerance (%v): duplicates are possible.\n",
 			spread, scheduler.DefaultClockTolerance)
 	}
-	fmt.Fprintf(w, "Each tick must run on exactly one instance; the others skip it. Running for %v.\n\n", cfg.duration)
+	fmt.Fprintf(w, "Each tick must run on exactly one instance; the others skip it. Running for %v.\n", cfg.duration)
+	fmt.Fprintf(w, "Each line: the true time of the run (no offset), the job, its tick on the instance's own clock, the instance.\n\n")
 }
 
 // clockSpread returns max - min of ds.
