@@ -157,7 +157,8 @@ type reply struct {
 	token     uint64
 	value     string // full key value (Holder reads only)
 
-	traceparent string // acquire: the refusing holder's trace context
+	traceparent string        // acquire: the refusing holder's trace context
+	expires     time.Duration // acquire, refused: the holder's key's TTL left
 }
 
 // okParse reads a script's integer reply, which means OK when it equals
@@ -312,7 +313,7 @@ func completeRound(o *op) {
 	}
 	r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(rs.start),
 		Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent,
-		reentered: rep.reentered}
+		reentered: rep.reentered, expires: rep.expires}
 	switch {
 	case err != nil && isTimeout(err):
 		r.Outcome = OutcomeTimeout

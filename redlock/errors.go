@@ -111,8 +111,9 @@ type NodeResult struct {
 	token uint64 // fencing token proposed by the node (acquire with fencing)
 	value string // the key's value (Holder only; never leaves the package)
 
-	traceparent string // acquire: the refusing holder's trace context
-	reentered   bool   // acquire: a reentrant hold whose token was reused
+	traceparent string        // acquire: the refusing holder's trace context
+	reentered   bool          // acquire: a reentrant hold whose token was reused
+	expires     time.Duration // acquire, OutcomeHeld: the holder's key's TTL left
 }
 
 // QuorumError describes a quorum round that did not succeed, with every
@@ -191,3 +192,15 @@ func (e *QuorumError) Error() string {
 
 // Unwrap returns the sentinels this error matches.
 func (e *QuorumError) Unwrap() []error { return e.sentinels }
+
+// holderExpires returns the shortest TTL left that a refusing node
+// reported for the holder's key (acquire rounds), or 0.
+func (e *QuorumError) holderExpires() time.Duration {
+	var d time.Duration
+	for _, r := range e.Nodes {
+		if r.Outcome == OutcomeHeld && r.expires > 0 && (d == 0 || r.expires < d) {
+			d = r.expires
+		}
+	}
+	return d
+}

@@ -274,7 +274,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 			gen = c.wake.gen(channels)
 		}
 		if channels != nil {
-			c.wake.sleep(ctx, channels, gen, d)
+			c.wake.sleep(ctx, channels, gen, d, last.holderExpires())
 		} else {
 			t := time.NewTimer(d)
 			select {
@@ -486,7 +486,13 @@ func parseAcquire(v []any, err error) (reply, error) {
 	}
 	value, _ := v[1].(string)
 	tp, holder, _ := splitValue(value) // never expose the other owner's token
-	return reply{holder: holder, traceparent: tp}, nil
+	r := reply{holder: holder, traceparent: tp}
+	if len(v) > 2 {
+		if ms, _ := v[2].(int64); ms > 0 {
+			r.expires = time.Duration(ms) * time.Millisecond
+		}
+	}
+	return r, nil
 }
 
 // fence records token on the fencing counters of l on every node (see

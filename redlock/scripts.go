@@ -16,7 +16,7 @@ package redlock
 
 // acquireScript grants when no lock key is held by another owner, and
 // returns {1, token, reentered}; otherwise it changes nothing and returns
-// {0, the other holder's value}. A key that already holds our owner token
+// {0, the other holder's value, that key's PTTL in ms}. A key that already holds our owner token
 // counts as ours: a retry after a lost reply never blocks itself
 // (redis.io distlock spec, step 2, made multi-key and idempotent), and an
 // owner may take its lock again (reentrancy). Our existing keys keep their
@@ -60,7 +60,7 @@ local mine = 0
 if n == 1 and not owner then
   if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
     local v = redis.call('GET', KEYS[1])
-    if string.sub(v, 1, 32) ~= tok then return {0, v} end
+    if string.sub(v, 1, 32) ~= tok then return {0, v, redis.call('PTTL', KEYS[1])} end
     if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
   end
 else
@@ -68,7 +68,7 @@ else
   for i = 1, n do
     local v = redis.call('GET', KEYS[i])
     if v then
-      if string.sub(v, 1, 32) ~= tok then return {0, v} end
+      if string.sub(v, 1, 32) ~= tok then return {0, v, redis.call('PTTL', KEYS[i])} end
       mine = mine + 1
       had[i] = true
     end

@@ -46,6 +46,10 @@ const recentReleases = 4
 // releasedSuffix turns a lock key into the channel of its release notices.
 const releasedSuffix = ":released"
 
+// maxNoticeWait bounds how long a waiter relies on release notices alone
+// (see sleep): the longest a lost notice can delay it.
+const maxNoticeWait = time.Second
+
 // wakeRetry is the pause of a node's subscriber after a failed receive
 // (node down, connection lost), before go-redis reconnects.
 const wakeRetry = 100 * time.Millisecond
@@ -59,11 +63,12 @@ type waker struct {
 
 // keyWatch is the state of one wanted channel.
 type keyWatch struct {
-	refs     int                         // Acquire calls waiting for it
-	gen      uint64                      // releases seen
-	recent   [recentReleases]releaseSeen // the last released locks
-	next     int                         // where the next one goes in recent
-	sleepers []chan struct{}             // sleeping Acquire calls, first come first
+	refs      int                         // Acquire calls waiting for it
+	confirmed []bool                      // per node: the subscription is confirmed
+	gen       uint64                      // releases seen
+	recent    [recentReleases]releaseSeen // the last released locks
+	next      int                         // where the next one goes in recent
+	sleepers  []chan struct{}             // sleeping Acquire calls, first come first
 }
 
 // releaseSeen counts the nodes that sent the notice of one lock's release.
@@ -157,16 +162,29 @@ func (w *waker) gen(channels []string) uint64 {
 // or ctx ends; it returns at once when a release came after gen was read
 // (the caller's round may have missed it). The caller must be watching
 // channels.
-func (w *waker) sleep(ctx context.Context, channels []string, gen uint64, d time.Duration) {
+//
+// While a quorum of nodes has confirmed the subscription to every channel,
+// a release will wake the caller, so the retry delay only stands in for
+// what publishes nothing: the holder's key expiring (expires from now, 0
+// when unknown) or a lost notice. The delay is then stretched to that
+// expiry, at most maxNoticeWait: a waiter that lost its round does not
+// poll a lock that is held for a while (Redisson waits the same way).
+func (w *waker) sleep(ctx context.Context, channels []string, gen uint64, d, expires time.Duration) {
 	wake := make(chan struct{}, 1)
 	w.mu.Lock()
 	var g uint64
+	confirmed := true
 	for _, ch := range channels {
-		g += w.keys[ch].gen
+		kw := w.keys[ch]
+		g += kw.gen
+		confirmed = confirmed && countTrue(kw.confirmed) >= w.c.quorum
 	}
 	if g != gen {
 		w.mu.Unlock()
 		return
+	}
+	if confirmed && expires > 0 {
+		d = max(d, min(expires+driftConstant, maxNoticeWait))
 	}
 	for _, ch := range channels {
 		kw := w.keys[ch]
@@ -323,6 +341,7 @@ func (w *waker) receive(n *node, ps *redis.PubSub, stop <-chan struct{}, done ch
 				return
 			}
 			w.c.log.Debug("redlock: release notices: receive failed; retrying", "node", n.addr, "err", err)
+			w.unconfirm(n.idx) // go-redis subscribes again on its new connection
 			t := time.NewTimer(wakeRetry)
 			select {
 			case <-stop:
@@ -332,8 +351,11 @@ func (w *waker) receive(n *node, ps *redis.PubSub, stop <-chan struct{}, done ch
 			}
 			continue
 		}
-		if m, ok := msg.(*redis.Message); ok {
+		switch m := msg.(type) {
+		case *redis.Message:
 			w.notify(n.idx, m.Channel, m.Payload)
+		case *redis.Subscription:
+			w.confirm(n.idx, m.Channel, m.Kind == "subscribe")
 		}
 	}
 }
@@ -346,4 +368,27 @@ func countTrue(bs []bool) int {
 		}
 	}
 	return n
+}
+
+// confirm records node i's answer to (UN)SUBSCRIBE channel.
+func (w *waker) confirm(i int, channel string, on bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if kw := w.keys[channel]; kw != nil {
+		if kw.confirmed == nil {
+			kw.confirmed = make([]bool, len(w.c.nodes))
+		}
+		kw.confirmed[i] = on
+	}
+}
+
+// unconfirm forgets node i's subscriptions: its connection failed.
+func (w *waker) unconfirm(i int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, kw := range w.keys {
+		if kw.confirmed != nil {
+			kw.confirmed[i] = false
+		}
+	}
 }

@@ -18,7 +18,7 @@ func TestNotifyWakesOneSleeperPerRelease(t *testing.T) {
 	woke := make(chan int, 3)
 	for i := range 3 {
 		go func() {
-			w.sleep(context.Background(), chs, 0, 20*time.Second)
+			w.sleep(context.Background(), chs, 0, 20*time.Second, 0)
 			woke <- i
 		}()
 		// Sleepers queue in order: wait until this one is in.
@@ -60,7 +60,7 @@ func TestNotifyWakesOneSleeperPerRelease(t *testing.T) {
 	}
 	// A release seen since the caller read gen: sleep returns at once.
 	start := time.Now()
-	w.sleep(context.Background(), chs, 1, 20*time.Second)
+	w.sleep(context.Background(), chs, 1, 20*time.Second, 0)
 	if time.Since(start) > 10*time.Second {
 		t.Error("sleep waited although a release came after its gen")
 	}
@@ -68,5 +68,37 @@ func TestNotifyWakesOneSleeperPerRelease(t *testing.T) {
 	w.notify(1, "r:released", "d")
 	if got := <-woke; got != 2 {
 		t.Errorf("third release woke sleeper %d, want 2", got)
+	}
+}
+
+// TestSleepStretchesToHolderExpiry: with the subscription confirmed on a
+// quorum of nodes, a short retry delay is stretched to the holder's expiry
+// (a release would wake the caller); unconfirmed, it is kept.
+func TestSleepStretchesToHolderExpiry(t *testing.T) {
+	c, _ := newMiniClient(t)
+	w := &waker{c: c, keys: map[string]*keyWatch{}}
+	chs := []string{"r:released"}
+	w.keys[chs[0]] = &keyWatch{refs: 1}
+	const expires = 300 * time.Millisecond
+
+	start := time.Now()
+	w.sleep(context.Background(), chs, 0, time.Millisecond, expires)
+	if took := time.Since(start); took >= expires {
+		t.Errorf("unconfirmed: slept %v, want the 1ms retry delay", took)
+	}
+
+	w.confirm(0, chs[0], true)
+	w.confirm(2, chs[0], true)
+	start = time.Now()
+	w.sleep(context.Background(), chs, 0, time.Millisecond, expires)
+	if took := time.Since(start); took < expires {
+		t.Errorf("confirmed on 2 of 3: slept %v, want at least the holder's expiry %v", took, expires)
+	}
+
+	w.unconfirm(2) // node 2's connection failed: 1 of 3 left
+	start = time.Now()
+	w.sleep(context.Background(), chs, 0, time.Millisecond, expires)
+	if took := time.Since(start); took >= expires {
+		t.Errorf("confirmed on 1 of 3: slept %v, want the 1ms retry delay", took)
 	}
 }

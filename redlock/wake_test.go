@@ -8,9 +8,12 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
+	"github.com/schedlock/schedlock/tracing"
 )
 
 // slowRetry retries every 20 s: a waiter that gets the lock sooner was
@@ -210,5 +213,46 @@ func TestReleaseWithoutChannelPermission(t *testing.T) {
 		if n := len(s.Keys(t)); n != 0 {
 			t.Errorf("node %d: %d keys left", i, n)
 		}
+	}
+}
+
+// TestWaiterDoesNotPollAHeldLock: a waiter whose retry delay is 5 ms, once
+// subscribed, sleeps until the holder's key expires (the holder never
+// releases: a crashed process) instead of polling every 5 ms, and takes
+// the lock when it expires.
+func TestWaiterDoesNotPollAHeldLock(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	fast := func() backoff.BackOff { return backoff.NewConstantBackOff(5 * time.Millisecond) }
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(fast), redlock.WithTracerProvider(tp))
+	crashed := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	const ttl = 1500 * time.Millisecond
+	if _, err := crashed.TryAcquire(ctx, []string{"r"}, ttl); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Acquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	defer l.Release(ctx)
+	var attempts int64 = -1
+	for _, s := range rec.Ended() {
+		if s.Name() == tracing.SpanAcquire {
+			for _, a := range s.Attributes() {
+				if a.Key == tracing.Attempts {
+					attempts = a.Value.AsInt64()
+				}
+			}
+		}
+	}
+	// Polling every 5 ms for 1.5 s would be about 300 rounds; waiting for
+	// the expiry takes a few (the rounds before the subscription is
+	// confirmed, and the one after the expiry).
+	if attempts < 2 || attempts > 30 {
+		t.Errorf("waiter made %d rounds over a %v hold, want a few (not polling every 5ms)", attempts, ttl)
 	}
 }
