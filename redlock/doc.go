@@ -24,7 +24,8 @@
 //  5. Otherwise the attempt is undone on every node, including the ones that
 //     did not answer, with an owner-checked delete, and Acquire waits a
 //     random delay (full-jitter exponential backoff, cenkalti/backoff/v4)
-//     before the next attempt. A grant that arrives after its round was
+//     before the next attempt, or less when the holder releases (release
+//     notices over pub/sub). A grant that arrives after its round was
 //     decided is deleted by the goroutine that receives it once the
 //     acquisition has failed or the lock was released.
 //
@@ -59,9 +60,15 @@
 //
 // # Concurrency
 //
-// A Client and a Lock are safe for concurrent use. The Client starts no
-// goroutine outside a call; Acquire, TryAcquire, Extend and Release start
-// one goroutine per node per round, and those end when the node answers or,
-// for a node that never answers, when the go-redis client's own read timeout
-// fires (at once with ContextTimeoutEnabled).
+// A Client and a Lock are safe for concurrent use. New starts nothing. Each
+// node has a queue of scripts that one worker goroutine drains, sending
+// what concurrent rounds queued as one pipeline; the worker is started by
+// a round that finds none running and ends as soon as the queue is empty
+// (for a node that never answers, once the go-redis client's read timeout
+// fires: at once with ContextTimeoutEnabled). A waiting Acquire subscribes
+// to release notices (WithReleaseNotices): one PubSub connection and two
+// goroutines per node, ended when no Acquire waits any more. A grant that
+// arrives after its round was decided is handled in a goroutine that ends
+// once the lock's last release round has. There is no Close: nothing
+// outlives the calls that started it by more than these bounds.
 package redlock
