@@ -217,9 +217,9 @@ func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
 // node), retrying quorum rounds with the retry policy (WithRetry; default
 // DefaultRetry: jittered exponential backoff, at most 30 s) until it holds
 // the lock, ctx ends, or the policy gives up. A release of the lock wakes
-// it before the policy's delay ends, and while a quorum of nodes confirms
-// its subscription to release notices the delay is stretched to the
-// holder's expiry, at most 1 s (WithReleaseNotices). Each round sends one script to
+// it before the policy's delay ends, and while every node confirms its
+// subscription to release notices the delay is stretched to the holder's
+// expiry, at most 1 s (WithReleaseNotices). Each round sends one script to
 // every node in parallel, with the per-node timeout enforced here; the lock
 // is held when a quorum granted and the validity left (TTL - elapsed - drift,
 // measured from this round's own start) is at least the minimum. A failed

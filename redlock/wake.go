@@ -51,8 +51,13 @@ const releasedSuffix = ":released"
 const maxNoticeWait = time.Second
 
 // wakeRetry is the pause of a node's subscriber after a failed receive
-// (node down, connection lost), before go-redis reconnects.
-const wakeRetry = 100 * time.Millisecond
+// (node down, connection lost), before go-redis reconnects; it doubles
+// with each failure in a row, up to maxWakeRetry, so that a dead node is
+// not dialled ten times a second.
+const (
+	wakeRetry    = 100 * time.Millisecond
+	maxWakeRetry = 2 * time.Second
+)
 
 type waker struct {
 	c     *Client
@@ -163,12 +168,15 @@ func (w *waker) gen(channels []string) uint64 {
 // (the caller's round may have missed it). The caller must be watching
 // channels.
 //
-// While a quorum of nodes has confirmed the subscription to every channel,
-// a release will wake the caller, so the retry delay only stands in for
-// what publishes nothing: the holder's key expiring (expires from now, 0
-// when unknown) or a lost notice. The delay is then stretched to that
-// expiry, at most maxNoticeWait: a waiter that lost its round does not
-// poll a lock that is held for a while (Redisson waits the same way).
+// While every node has confirmed the subscription to every channel, a
+// release will wake the caller, so the retry delay only stands in for what
+// publishes nothing: the holder's key expiring (expires from now, 0 when
+// unknown) or a lost notice. The delay is then stretched to that expiry, at
+// most maxNoticeWait: a waiter that lost its round does not poll a lock
+// that is held for a while (Redisson waits the same way). Every node, not a
+// quorum: a lock held on a bare quorum whose node then dies is released on
+// fewer than a quorum of nodes, and its notices never wake anyone; the dead
+// node's subscription fails too, and the waiter polls again.
 func (w *waker) sleep(ctx context.Context, channels []string, gen uint64, d, expires time.Duration) {
 	wake := make(chan struct{}, 1)
 	w.mu.Lock()
@@ -177,7 +185,7 @@ func (w *waker) sleep(ctx context.Context, channels []string, gen uint64, d, exp
 	for _, ch := range channels {
 		kw := w.keys[ch]
 		g += kw.gen
-		confirmed = confirmed && countTrue(kw.confirmed) >= w.c.quorum
+		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.nodes)
 	}
 	if g != gen {
 		w.mu.Unlock()
@@ -329,6 +337,7 @@ func (w *waker) subscribe(n *node, s *nodeSub) {
 func (w *waker) receive(n *node, ps *redis.PubSub, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	ctx := context.Background()
+	pause := wakeRetry
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
@@ -342,15 +351,17 @@ func (w *waker) receive(n *node, ps *redis.PubSub, stop <-chan struct{}, done ch
 			}
 			w.c.log.Debug("redlock: release notices: receive failed; retrying", "node", n.addr, "err", err)
 			w.unconfirm(n.idx) // go-redis subscribes again on its new connection
-			t := time.NewTimer(wakeRetry)
+			t := time.NewTimer(pause)
 			select {
 			case <-stop:
 				t.Stop()
 				return
 			case <-t.C:
 			}
+			pause = min(2*pause, maxWakeRetry)
 			continue
 		}
+		pause = wakeRetry
 		switch m := msg.(type) {
 		case *redis.Message:
 			w.notify(n.idx, m.Channel, m.Payload)

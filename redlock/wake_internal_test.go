@@ -71,9 +71,9 @@ func TestNotifyWakesOneSleeperPerRelease(t *testing.T) {
 	}
 }
 
-// TestSleepStretchesToHolderExpiry: with the subscription confirmed on a
-// quorum of nodes, a short retry delay is stretched to the holder's expiry
-// (a release would wake the caller); unconfirmed, it is kept.
+// TestSleepStretchesToHolderExpiry: with the subscription confirmed on
+// every node, a short retry delay is stretched to the holder's expiry (a
+// release would wake the caller); confirmed on a quorum only, it is kept.
 func TestSleepStretchesToHolderExpiry(t *testing.T) {
 	c, _ := newMiniClient(t)
 	w := &waker{c: c, keys: map[string]*keyWatch{}}
@@ -91,14 +91,21 @@ func TestSleepStretchesToHolderExpiry(t *testing.T) {
 	w.confirm(2, chs[0], true)
 	start = time.Now()
 	w.sleep(context.Background(), chs, 0, time.Millisecond, expires)
-	if took := time.Since(start); took < expires {
-		t.Errorf("confirmed on 2 of 3: slept %v, want at least the holder's expiry %v", took, expires)
+	if took := time.Since(start); took >= expires {
+		t.Errorf("confirmed on 2 of 3: slept %v, want the 1ms retry delay", took)
 	}
 
-	w.unconfirm(2) // node 2's connection failed: 1 of 3 left
+	w.confirm(1, chs[0], true)
+	start = time.Now()
+	w.sleep(context.Background(), chs, 0, time.Millisecond, expires)
+	if took := time.Since(start); took < expires {
+		t.Errorf("confirmed on 3 of 3: slept %v, want at least the holder's expiry %v", took, expires)
+	}
+
+	w.unconfirm(2) // node 2's connection failed
 	start = time.Now()
 	w.sleep(context.Background(), chs, 0, time.Millisecond, expires)
 	if took := time.Since(start); took >= expires {
-		t.Errorf("confirmed on 1 of 3: slept %v, want the 1ms retry delay", took)
+		t.Errorf("node 2 unconfirmed again: slept %v, want the 1ms retry delay", took)
 	}
 }
