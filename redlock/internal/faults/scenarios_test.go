@@ -427,9 +427,10 @@ type extendProbe struct {
 	ties  atomic.Int64 // sent at the deadline instant (fake time)
 	worst atomic.Int64 // ns past the deadline
 
-	learning atomic.Bool
+	learning atomic.Int32 // 1: the warm-up Acquire, 2: the warm-up Extend
 	mu       sync.Mutex
 	examples []string
+	acquire  map[string]bool // SHA1s sent by the warm-up Acquire
 }
 
 // learn runs a warm-up Extend through locks (whose clients carry the
@@ -437,13 +438,18 @@ type extendProbe struct {
 func (p *extendProbe) learn(t *testing.T, locks *redlock.Client, ttl time.Duration) {
 	t.Helper()
 	ctx := context.Background()
+	p.acquire = map[string]bool{}
+	p.learning.Store(1)
 	l, err := locks.Acquire(ctx, []string{"warm-up"}, ttl)
 	if err != nil {
 		t.Fatalf("warm-up: %v", err)
 	}
-	p.learning.Store(true)
+	// The Acquire decided after a quorum: its script may still reach the
+	// last node during the Extend, so the Extend's script is the one that
+	// the Acquire did not send.
+	p.learning.Store(2)
 	err = l.Extend(ctx, ttl)
-	p.learning.Store(false)
+	p.learning.Store(0)
 	if err != nil {
 		t.Fatalf("warm-up Extend: %v", err)
 	}
@@ -472,8 +478,17 @@ func (p *extendProbe) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // see inspects a command about to be sent (alone or in a pipeline).
 func (p *extendProbe) see(ctx context.Context, cmd redis.Cmder) {
 	sha := scriptSHA(cmd.Args())
-	if p.learning.Load() {
-		if sha != "" {
+	switch p.learning.Load() {
+	case 1:
+		p.mu.Lock()
+		p.acquire[sha] = true
+		p.mu.Unlock()
+		return
+	case 2:
+		p.mu.Lock()
+		acquire := p.acquire[sha]
+		p.mu.Unlock()
+		if sha != "" && !acquire {
 			p.sha.Store(&sha)
 		}
 		return
