@@ -16,10 +16,11 @@ package redlock
 
 // acquireScript grants when no lock key is held by another owner, and
 // returns {1, token, reentered}; otherwise it changes nothing and returns
-// {0, the other holder's value, that key's PTTL in ms}. A key that already holds our owner token
-// counts as ours: a retry after a lost reply never blocks itself
-// (redis.io distlock spec, step 2, made multi-key and idempotent), and an
-// owner may take its lock again (reentrancy). Our existing keys keep their
+// {0, the other holder's value, that key's PTTL in ms}. A key that already
+// holds our owner token counts as ours: a retry after a lost reply never
+// blocks itself (redis.io distlock spec, step 2, made multi-key and
+// idempotent), and an owner may take its lock again (reentrancy). One key
+// without reentrancy is one SET NX (a GET and a PTTL follow a refusal). Our existing keys keep their
 // value and get their TTL raised to ARGV[2], never lowered (an earlier hold
 // of the same owner relies on it).
 //
