@@ -461,7 +461,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld
 	}
-	undone := c.releaseAll(detached(ctx), l, "undo", skip)
+	undone := c.releaseAll(detached(ctx), l, "undo", "", skip)
 	l.mu.Lock()
 	l.undone = undone
 	l.mu.Unlock()
@@ -552,13 +552,10 @@ func (l *Lock) lateGrant(n *node, _ reply) {
 //
 // op names the round in telemetry: "release" for Release, "undo" for the
 // cleanup of a failed attempt (whose "held" answers are the other holder's
-// keys, not a lost lock).
-func (c *Client) releaseAll(ctx context.Context, l *Lock, op string, skip []bool) []NodeResult {
+// keys, not a lost lock). notice is the payload of the release notices, ""
+// for none (only a Release wakes waiters: wake.go).
+func (c *Client) releaseAll(ctx context.Context, l *Lock, op, notice string, skip []bool) []NodeResult {
 	keys := l.ownedKeys()
-	notice := "" // only a Release wakes waiters (wake.go)
-	if op == "release" && !c.cfg.noWake {
-		notice = l.noticeID()
-	}
 	return c.round(ctx, roundSpec{op: op, skip: skip, script: releaseScript,
 		cmd: evalArgs(releaseScript, keys, l.value, l.aid, notice), parse: okParse(int64(l.nlock))})
 }
@@ -723,7 +720,11 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if prev == stateReleased {
 		return fmt.Errorf("%w: %q already released", ErrLockLost, l.resources)
 	}
-	rs := l.c.releaseAll(detached(ctx), l, "release", nil)
+	notice := ""
+	if !l.c.cfg.noWake {
+		notice = l.noticeID()
+	}
+	rs := l.c.releaseAll(detached(ctx), l, "release", notice, nil)
 	l.mu.Lock()
 	l.finishLocked(rs)
 	l.mu.Unlock()
@@ -732,7 +733,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	switch {
 	case ok >= l.c.quorum && !expired && prev == stateHeld:
 		if !l.c.cfg.noWake {
-			l.c.wake.released(l)
+			l.c.wake.released(l, notice)
 		}
 		return nil
 	case expired || prev == stateLost:

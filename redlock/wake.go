@@ -86,7 +86,6 @@ type releaseSeen struct {
 // nodeSub subscribes one node's client to the wanted channels.
 type nodeSub struct {
 	kick chan struct{} // 1-buffered: the wanted channels changed
-	done chan struct{} // closed when both goroutines have ended
 }
 
 // watch registers an Acquire waiting for channels and returns the function
@@ -138,7 +137,7 @@ func (w *waker) kickLocked() {
 			if len(w.keys) == 0 {
 				continue
 			}
-			s := &nodeSub{kick: make(chan struct{}, 1), done: make(chan struct{})}
+			s := &nodeSub{kick: make(chan struct{}, 1)}
 			w.nodes[i] = s
 			go w.subscribe(&w.c.nodes[i], s)
 		}
@@ -229,13 +228,12 @@ func (w *waker) notify(i int, channel, id string) {
 
 // released handles a Release of this Client confirmed by a quorum: its
 // waiters need not wait for the notices, whose copies are then ignored.
-func (w *waker) released(l *Lock) {
+func (w *waker) released(l *Lock, id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.keys) == 0 {
 		return // nobody waits: no allocation on the uncontended path
 	}
-	id := l.noticeID()
 	for _, ch := range l.releaseChannels() {
 		if kw := w.keys[ch]; kw != nil {
 			kw.seen(id, -1, w.c)
@@ -285,7 +283,6 @@ func (kw *keyWatch) seen(id string, i int, c *Client) {
 // second one that receives (all I/O, even the first dial, happens here:
 // never in an Acquire).
 func (w *waker) subscribe(n *node, s *nodeSub) {
-	defer close(s.done)
 	var ps *redis.PubSub
 	received, stop := make(chan struct{}), make(chan struct{})
 	have := map[string]bool{}

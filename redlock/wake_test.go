@@ -16,9 +16,28 @@ import (
 	"github.com/schedlock/schedlock/tracing"
 )
 
+// constantRetry is a retry policy that waits d between rounds.
+func constantRetry(d time.Duration) func() backoff.BackOff {
+	return func() backoff.BackOff { return backoff.NewConstantBackOff(d) }
+}
+
 // slowRetry retries every 20 s: a waiter that gets the lock sooner was
 // woken by the release, not by its retry delay.
-func slowRetry() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Second) }
+var slowRetry = constantRetry(20 * time.Second)
+
+// acquireAndRelease acquires resource on c in the background (30 s TTL),
+// releases it at once, and sends the first error or nil.
+func acquireAndRelease(ctx context.Context, c *redlock.Client, resource string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(ctx, []string{resource}, 30*time.Second)
+		if err == nil {
+			err = l.Release(context.Background())
+		}
+		got <- err
+	}()
+	return got
+}
 
 // subscribers returns, per node, the number of subscribers of channel.
 func subscribers(t *testing.T, nodes []redis.UniversalClient, channel string) []int64 {
@@ -108,20 +127,13 @@ func TestReleaseNoticesOff(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	nodes := cl.Clients(t)
 	c := newClient(t, cl.Clients(t), redlock.WithReleaseNotices(false),
-		redlock.WithRetry(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) }))
+		redlock.WithRetry(constantRetry(20*time.Millisecond)))
 	ctx := context.Background()
 	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctx, []string{"r"}, 30*time.Second)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, c, "r")
 	time.Sleep(200 * time.Millisecond) // several lost rounds
 	if n := subscribers(t, nodes, "r:released"); n[0]+n[1]+n[2] != 0 {
 		t.Errorf("subscribers with notices off: %v", n)
@@ -151,14 +163,7 @@ func TestWakeSurvivesStoppedNode(t *testing.T) {
 	defer cl[2].Cont(t)
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(wctx, []string{"r"}, 30*time.Second)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(wctx, c, "r")
 	waitFor(t, "the waiter's subscriptions on the running nodes", func() bool {
 		return allAtLeast(subscribers(t, nodes[:2], "r:released"), 1)
 	})
@@ -188,20 +193,13 @@ func TestReleaseWithoutChannelPermission(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		nodes = append(nodes, rdb)
 	}
-	c := newClient(t, nodes, redlock.WithRetry(func() backoff.BackOff { return backoff.NewConstantBackOff(20 * time.Millisecond) }))
+	c := newClient(t, nodes, redlock.WithRetry(constantRetry(20*time.Millisecond)))
 	ctx := context.Background()
 	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		l, err := c.Acquire(ctx, []string{"r"}, 30*time.Second)
-		if err == nil {
-			err = l.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, c, "r")
 	time.Sleep(100 * time.Millisecond) // lost rounds; SUBSCRIBE refused
 	if err := held.Release(ctx); err != nil {
 		t.Fatalf("Release with PUBLISH denied: %v", err)
@@ -226,8 +224,7 @@ func TestWaiterDoesNotPollAHeldLock(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	fast := func() backoff.BackOff { return backoff.NewConstantBackOff(5 * time.Millisecond) }
-	c := newClient(t, cl.Clients(t), redlock.WithRetry(fast), redlock.WithTracerProvider(tp))
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(constantRetry(5*time.Millisecond)), redlock.WithTracerProvider(tp))
 	crashed := newClient(t, cl.Clients(t))
 	ctx := context.Background()
 	const ttl = 1500 * time.Millisecond
