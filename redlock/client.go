@@ -24,7 +24,9 @@ import (
 // starts no goroutine of its own except while an Acquire waits for a
 // contended lock (WithReleaseNotices), and those end with the last such
 // Acquire. It does not own the go-redis clients:
-// closing them is the caller's job, after the last call has returned.
+// closing them is the caller's job, after the last call has returned and
+// then Wait (for the scripts that calls returning on a quorum left on their
+// way).
 type Client struct {
 	nodes  []node
 	quorum int
@@ -32,6 +34,8 @@ type Client struct {
 	log    *slog.Logger
 	tel    *telemetry
 	wake   waker // release notices (wake.go)
+	// cleanups counts the goroutines that delete late grants (lateGrant).
+	cleanups atomic.Int32
 }
 
 type node struct {
@@ -120,6 +124,52 @@ func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
 	return fmt.Sprintf("%p", rdb), fmt.Sprintf("node%d", i)
 }
 
+// Wait blocks until no script is queued or on its way to any node and no
+// late grant awaits its cleanup: the work that Release and Acquire leave
+// behind when they return on a quorum (the other nodes' scripts, each
+// dropped at its node timeout if its node has not taken it by then), and
+// the deletion of grants that arrive after their round. Call it after the
+// last Acquire or Release has returned and before closing the go-redis
+// clients, at shutdown or in a test that inspects every node; under load
+// from other goroutines it may never return. It checks every millisecond.
+//
+// Errors: ctx's cause when ctx ends first. Safe for concurrent use.
+func (c *Client) Wait(ctx context.Context) error {
+	var t *time.Timer
+	for !c.idle() {
+		if t == nil {
+			t = time.NewTimer(time.Millisecond)
+			defer t.Stop()
+		} else {
+			t.Reset(time.Millisecond)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	return nil
+}
+
+// idle reports whether no node has a worker running and no late grant
+// awaits its cleanup.
+func (c *Client) idle() bool {
+	if c.cleanups.Load() > 0 {
+		return false
+	}
+	for i := range c.nodes {
+		q := &c.nodes[i].queue
+		q.mu.Lock()
+		running := q.running
+		q.mu.Unlock()
+		if running {
+			return false
+		}
+	}
+	return true
+}
+
 // Quorum returns the number of nodes that must agree: N/2+1.
 func (c *Client) Quorum() int { return c.quorum }
 
@@ -184,6 +234,9 @@ type roundState struct {
 	results []NodeResult
 	ok, bad int
 	decided chan struct{}
+	// all collects every answer, also those after the decision, for
+	// spec.settled (nil without it).
+	all []NodeResult
 }
 
 // roundSpec describes one quorum round: one script, with the same keys and
@@ -198,11 +251,17 @@ type roundSpec struct {
 	skip    []bool // optional: nodes not to call, counted as OutcomeOK
 	early   bool   // decide as soon as the outcome is known
 	// late, optional, gets a grant (ok reply) that came after the
-	// decision, in a goroutine of its own.
+	// decision. It runs in the node's worker and must not block.
 	late func(n *node, r reply)
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
 	deadline time.Time
+	// settled, optional, is called once every node called has answered or
+	// dropped its script at the round's deadline, which may be after round
+	// has returned (early), with every node's result, also the answers
+	// that came after the decision. It runs in a node's worker (or in
+	// round, when no node was called) and must not block.
+	settled func(all []NodeResult)
 }
 
 // round sends the script to every node in parallel (through the nodes'
@@ -256,7 +315,13 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		cancel()
 		close(rs.decided)
 		rs.closed = true
+		if spec.settled != nil {
+			spec.settled(slices.Clone(rs.results))
+		}
 		return rs.results
+	}
+	if spec.settled != nil {
+		rs.all = slices.Clone(rs.results)
 	}
 	rs.running.Store(int32(calls))
 	var ops []op
@@ -326,10 +391,13 @@ func completeRound(o *op) {
 	}
 	n := len(rs.results)
 	rs.mu.Lock()
+	if rs.all != nil {
+		rs.all[nd.idx] = r
+	}
 	if rs.closed {
 		rs.mu.Unlock()
 		if spec.late != nil && err == nil && rep.ok {
-			go spec.late(nd, rep)
+			spec.late(nd, rep)
 		}
 	} else {
 		rs.results[nd.idx] = r
@@ -346,6 +414,9 @@ func completeRound(o *op) {
 	}
 	if rs.running.Add(-1) == 0 {
 		rs.cancel() // the last answer of the round
+		if spec.settled != nil {
+			spec.settled(rs.all) // no writer is left
+		}
 	}
 }
 

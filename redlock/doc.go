@@ -33,7 +33,9 @@
 // still holds this lock's value before changing anything. Extend needs a
 // quorum and moves Until to its own start + TTL - drift; it is never tried
 // after Until and never creates a key. Release deletes on every reachable
-// node and runs even when the caller's context is cancelled.
+// node and runs even when the caller's context is cancelled; like an acquire
+// round it returns once a quorum has answered, and its scripts for the other
+// nodes finish in the background (Client.Wait waits for them).
 //
 // # Guarantees
 //
@@ -68,7 +70,9 @@
 // fires: at once with ContextTimeoutEnabled). A waiting Acquire subscribes
 // to release notices (WithReleaseNotices): one PubSub connection and two
 // goroutines per node, ended when no Acquire waits any more. A grant that
-// arrives after its round was decided is handled in a goroutine that ends
-// once the lock's last release round has. There is no Close: nothing
-// outlives the calls that started it by more than these bounds.
+// arrives after its round was released is handled in a goroutine that ends
+// once the lock's last release round has settled on every node. There is
+// no Close: nothing outlives the calls that started it by more than these
+// bounds, and Client.Wait waits for the scripts and cleanups still on their
+// way (before closing the go-redis clients, or in a test).
 package redlock

@@ -75,6 +75,9 @@ func TestRetriedReentrantAcquireCountsOnce(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.Wait(ctx); err != nil { // Release returns on a quorum
+		t.Fatal(err)
+	}
 	for i, m := range ms {
 		if m.Exists("r") || m.Exists("r:holds") {
 			t.Errorf("node %d: keys %v remain after the only hold was released", i, m.Keys())

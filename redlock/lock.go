@@ -37,9 +37,10 @@ type Lock struct {
 	granted time.Time // when the lock was first held (hold duration metric)
 	// undone is the last undo round's results (attempt).
 	undone []NodeResult
-	// final is closed once the last round that deletes the lock's keys
-	// (the Release, or the undo of the last failed attempt) has ended; its
-	// results are then in finalRS (see lateGrant).
+	// final is closed once every script of the last round that deletes
+	// the lock's keys (the Release, or the undo of the last failed attempt)
+	// has been answered or dropped; their results are then in finalRS (see
+	// lateGrant).
 	final     chan struct{}
 	finalRS   []NodeResult
 	finalDone bool
@@ -531,7 +532,15 @@ func (l *Lock) lateGrant(n *node, _ reply) {
 	if !ended {
 		return
 	}
-	<-l.final // closed at most a node timeout after the state changed
+	l.c.cleanups.Add(1)
+	go l.cleanLate(n)
+}
+
+// cleanLate waits for the last round that deleted l's keys and deletes
+// them on n if that round did not (lateGrant).
+func (l *Lock) cleanLate(n *node) {
+	defer l.c.cleanups.Add(-1)
+	<-l.final // closed once the last deleting round has settled on every node
 	l.mu.Lock()
 	rs := l.finalRS
 	l.mu.Unlock()
@@ -555,9 +564,13 @@ func (l *Lock) lateGrant(n *node, _ reply) {
 // keys, not a lost lock). notice is the payload of the release notices, ""
 // for none (only a Release wakes waiters: wake.go).
 func (c *Client) releaseAll(ctx context.Context, l *Lock, op, notice string, skip []bool) []NodeResult {
-	keys := l.ownedKeys()
-	return c.round(ctx, roundSpec{op: op, skip: skip, script: releaseScript,
-		cmd: evalArgs(releaseScript, keys, l.value, l.aid, notice), parse: okParse(int64(l.nlock))})
+	return c.round(ctx, c.releaseSpec(l, op, notice, skip))
+}
+
+// releaseSpec returns the round that runs the release script on every node.
+func (c *Client) releaseSpec(l *Lock, op, notice string, skip []bool) roundSpec {
+	return roundSpec{op: op, skip: skip, script: releaseScript,
+		cmd: evalArgs(releaseScript, l.ownedKeys(), l.value, l.aid, notice), parse: okParse(int64(l.nlock))}
 }
 
 // ownedKeys returns the lock keys and, for a reentrant lock, the holds
@@ -696,9 +709,13 @@ func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
 }
 
 // Release deletes the lock's keys on every node where they still hold this
-// lock's value (compare-and-delete in one script per node), waiting for
-// every node up to the node timeout. It runs on a context detached from
-// ctx's cancellation, so it cleans up even when ctx is already cancelled.
+// lock's value (compare-and-delete in one script per node). It returns as
+// soon as the outcome is known: a quorum deleted them, or so many nodes
+// failed or no longer held them that no quorum can (at most the node
+// timeout); the scripts for the other nodes go on in the nodes' workers and
+// are dropped if their node has not taken them by the node timeout. It runs
+// on a context detached from ctx's cancellation, so it cleans up even when
+// ctx is already cancelled.
 //
 // It returns nil when a quorum confirmed the deletion within the validity.
 // Errors: ErrInvalidArgument for a nil Lock; ErrLockLost when the lock was
@@ -724,10 +741,18 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if !l.c.cfg.noWake {
 		notice = l.noticeID()
 	}
-	rs := l.c.releaseAll(detached(ctx), l, "release", notice, nil)
-	l.mu.Lock()
-	l.finishLocked(rs)
-	l.mu.Unlock()
+	// The outcome is known once a quorum has deleted the keys (or so many
+	// nodes failed that no quorum can): Release returns then, while the
+	// rest of its scripts go on in the node workers, bounded by the node
+	// timeout. Late grants wait for all of them (settled).
+	spec := l.c.releaseSpec(l, "release", notice, nil)
+	spec.early = true
+	spec.settled = func(all []NodeResult) {
+		l.mu.Lock()
+		l.finishLocked(all)
+		l.mu.Unlock()
+	}
+	rs := l.c.round(detached(ctx), spec)
 	expired := !time.Now().Before(until)
 	ok := count(rs, OutcomeOK)
 	switch {

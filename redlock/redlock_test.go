@@ -69,6 +69,46 @@ func waitNoKeys(t *testing.T, cl redlocktest.Cluster, limit time.Duration) {
 	}
 }
 
+// TestReleaseReturnsOnQuorum: Release returns once a quorum has deleted
+// the keys, without waiting for a stopped node; its script for that node
+// runs when the node comes back, and Client.Wait waits for it.
+func TestReleaseReturnsOnQuorum(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	// A node timeout far above go-redis's 3 s read timeout: a Release
+	// that waited for the stopped node would take at least 3 s.
+	c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(20*time.Second))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx); err != nil { // node 2's grant too
+		t.Fatal(err)
+	}
+	cl[2].Stop(t)
+	start := time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release with 1 of 3 stopped: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Release took %v, want it to return on the quorum (well under 1s)", d)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := c.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait while node 2's release is on its way = %v, want DeadlineExceeded", err)
+	}
+	cl[2].Cont(t)
+	if err := c.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, keys := range cl.Keys(t) {
+		if len(keys) != 0 {
+			t.Errorf("node %d keeps %q after Wait", i, keys)
+		}
+	}
+}
+
 func TestMutualExclusionUnderContention(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	const workers, cycles = 8, 200

@@ -192,6 +192,7 @@ type instance struct {
 	id     int
 	offset time.Duration
 	rdbs   []*redis.Client
+	locks  *redlock.Client
 	sched  *scheduler.Scheduler
 
 	held     atomic.Int64 // lock errors matching scheduler.ErrHeldElsewhere
@@ -218,6 +219,7 @@ func newInstance(id int, offset time.Duration, addrs []string, cfg config, onRun
 		_ = in.close()
 		return nil, err
 	}
+	in.locks = locks
 	lockerOpts := []scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(offset))}
 	if cfg.ttl > 0 {
 		lockerOpts = append(lockerOpts, scheduler.WithTTL(cfg.ttl))
@@ -283,6 +285,13 @@ func (in *instance) run(ctx context.Context) error {
 	<-ctx.Done()
 	if err := in.sched.Shutdown(); err != nil {
 		return fmt.Errorf("instance %d: shutdown: %w", in.id, err)
+	}
+	// A release returns on a quorum; let its scripts for the other nodes
+	// finish before close closes the clients.
+	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := in.locks.Wait(wctx); err != nil {
+		return fmt.Errorf("instance %d: wait for redlock: %w", in.id, err)
 	}
 	return nil
 }
