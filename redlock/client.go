@@ -43,6 +43,9 @@ type node struct {
 	rdb   redis.UniversalClient
 	addr  string
 	queue nodeQueue // scripts waiting for this node (pipeline.go)
+	// oldServer is set once the node rejected SET NX GET (Redis before
+	// 7.0): it gets the acquire script instead (pipeline.go, redo).
+	oldServer atomic.Bool
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -245,11 +248,15 @@ type roundSpec struct {
 	op      string        // for telemetry: acquire, fence, extend, release, holder
 	attempt int           // acquire rounds: 1-based attempt number
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
-	script  *luaScript
-	cmd     []any // evalArgs(script, keys, args...)
-	parse   func(*redis.Cmd) (reply, error)
-	skip    []bool // optional: nodes not to call, counted as OutcomeOK
-	early   bool   // decide as soon as the outcome is known
+	script  *luaScript    // nil: cmd is a plain command
+	cmd     []any         // evalArgs(script, keys, args...), or a plain command
+	// alt, optional, is the script (evalArgs of altScript) for nodes that
+	// reject the plain command cmd as a syntax error (op.alt).
+	alt       []any
+	altScript *luaScript
+	parse     func(*redis.Cmd) (reply, error)
+	skip      []bool // optional: nodes not to call, counted as OutcomeOK
+	early     bool   // decide as soon as the outcome is known
 	// late, optional, gets a grant (ok reply) that came after the
 	// decision. It runs in the node's worker and must not block.
 	late func(n *node, r reply)
@@ -338,6 +345,10 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		o.rs, o.nd, o.deadline = rs, &c.nodes[i], end
 		o.ctx, o.span = c.tel.nodeSpan(nctx, o.nd, spec.op)
 		o.script, o.cmd, o.complete = spec.script, spec.cmd, completeRound
+		o.alt, o.altScript = spec.alt, spec.altScript
+		if spec.alt != nil && o.nd.oldServer.Load() {
+			o.script, o.cmd, o.alt = spec.altScript, spec.alt, nil
+		}
 		o.nd.submit(o)
 	}
 	var cause error

@@ -19,9 +19,9 @@ type luaScript struct {
 
 func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScript(src), src: src} }
 
-// Pipelining. Every script for a node goes through that node's queue,
+// Pipelining. Every command for a node goes through that node's queue,
 // which one worker goroutine drains: it sends what is queued (one op
-// alone as EVALSHA, several as one pipeline: one write, one read),
+// alone, several as one pipeline: one write, one read),
 // delivers the replies, and takes the next batch. Concurrent rounds thus
 // share writes (auto-pipelining), and a round starts no goroutine of its
 // own: it queues one op per node and waits. The worker is started by an op
@@ -34,9 +34,10 @@ func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScrip
 // pipeline runs under the latest deadline of its ops (never one op's
 // cancellation: the others still wait for it), and batches go out one at
 // a time in queue order, so that on each node a release sent after an
-// acquire runs after it (lateGrant relies on it). The one exception, a
-// script re-sent as EVAL after NOSCRIPT behind the rest of its batch, is
-// caught by lateGrant, which checks that the last release ran there.
+// acquire runs after it (lateGrant relies on it). The one exception, an
+// op re-sent in another form (redo: EVAL after NOSCRIPT, the script after
+// a rejected SET NX GET) behind the rest of its batch, is caught by
+// lateGrant, which checks that the last release ran there.
 
 // nodeQueue holds the ops waiting for one node.
 type nodeQueue struct {
@@ -46,14 +47,19 @@ type nodeQueue struct {
 	running bool  // a worker is draining the queue
 }
 
-// op is one script call for one node. The worker fills in res and calls
-// complete.
+// op is one command for one node: a script, or a plain command with a
+// script to fall back on. The worker fills in res and calls complete.
 type op struct {
 	ctx      context.Context // the round's (with its deadline), or the caller's
 	deadline time.Time       // never sent at or after it (zero: ctx's deadline only)
-	script   *luaScript
-	cmd      []any // EVALSHA and its arguments (evalArgs), shared by a round's ops
-	res      *redis.Cmd
+	script   *luaScript      // cmd's script, for EVAL on NOSCRIPT; nil: cmd is not EVALSHA
+	cmd      []any           // the command, shared by a round's ops (evalArgs for a script)
+	// alt, when not nil, is the script (EVALSHA, evalArgs of altScript)
+	// that does what cmd does, for a node that rejects cmd as a syntax
+	// error: SET NX GET before Redis 7.0.
+	alt       []any
+	altScript *luaScript
+	res       *redis.Cmd
 	// complete is called by the worker once res is set; it must not block.
 	complete func(o *op)
 
@@ -132,7 +138,7 @@ func (n *node) send(batch []*op) {
 	}
 	switch {
 	case len(live) == 1:
-		live[0].res = n.evalOne(live[0])
+		n.sendOne(live[0])
 	case len(live) > 1:
 		var deadline time.Time
 		for _, o := range live {
@@ -153,40 +159,59 @@ func (n *node) send(batch []*op) {
 	}
 }
 
-// evalOne sends one op as EVALSHA and, on NOSCRIPT, as EVAL, unless its
-// deadline has passed meanwhile (no script leaves after its round's
-// deadline, also not a fallback).
-func (n *node) evalOne(o *op) *redis.Cmd {
-	cmd := n.rdb.Do(o.ctx, o.cmd...)
-	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") || o.ended() != nil {
-		return cmd
-	}
-	return n.rdb.Do(o.ctx, evalFallback(o)...)
-}
-
-// sendPipeline sends batch as one pipeline of EVALSHA, then the scripts the
-// node did not know (NOSCRIPT) as one pipeline of EVAL, in order.
-func (n *node) sendPipeline(ctx context.Context, batch []*op) {
-	pipe := n.rdb.Pipeline()
-	for _, o := range batch {
-		o.res = pipe.Do(ctx, o.cmd...)
-	}
-	_, _ = pipe.Exec(ctx)
-	var again []*op
-	for _, o := range batch {
-		// Re-send as EVAL only the scripts whose round is still on.
-		if err := o.res.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && o.ended() == nil {
-			again = append(again, o)
+// sendOne sends one op with its own context, and again in the form that
+// the node's answer asks for (redo).
+func (n *node) sendOne(o *op) {
+	for {
+		o.res = n.rdb.Do(o.ctx, o.cmd...)
+		if !n.redo(o) {
+			return
 		}
 	}
-	if len(again) == 0 {
-		return
+}
+
+// sendPipeline sends batch as one pipeline, then the ops that the node
+// asked to get in another form (redo) as another pipeline, in order.
+func (n *node) sendPipeline(ctx context.Context, batch []*op) {
+	for len(batch) > 0 {
+		pipe := n.rdb.Pipeline()
+		for _, o := range batch {
+			o.res = pipe.Do(ctx, o.cmd...)
+		}
+		_, _ = pipe.Exec(ctx)
+		var again []*op
+		for _, o := range batch {
+			if n.redo(o) {
+				again = append(again, o)
+			}
+		}
+		batch = again
 	}
-	pipe = n.rdb.Pipeline()
-	for _, o := range again {
-		o.res = pipe.Do(ctx, evalFallback(o)...)
+}
+
+// redo reports whether o must be sent again, and changes its command for
+// that: a script the node did not know (NOSCRIPT, after SCRIPT FLUSH or a
+// restart) goes as EVAL with its source; a plain command the node
+// rejected as a syntax error goes as its alternative script, for this op
+// and, from now on, for every op of this node (oldServer). Never after
+// o's deadline: no command leaves after its round's deadline, also not a
+// second form. Each form is tried at most once, so an op is sent at most
+// three times (SET, EVALSHA, EVAL).
+func (n *node) redo(o *op) bool {
+	err := o.res.Err()
+	if err == nil || o.ended() != nil {
+		return false
 	}
-	_, _ = pipe.Exec(ctx)
+	switch {
+	case o.script != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+		o.cmd, o.script = evalFallback(o), nil
+		return true
+	case o.alt != nil && redis.HasErrorPrefix(err, "syntax error"):
+		n.oldServer.Store(true)
+		o.script, o.cmd, o.alt = o.altScript, o.alt, nil
+		return true
+	}
+	return false
 }
 
 // evalArgs returns the command EVALSHA sha numkeys keys... args... Built

@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -45,6 +46,17 @@ func newClient(t *testing.T, nodes []redis.UniversalClient, opts ...redlock.Opti
 		t.Fatalf("New: %v", err)
 	}
 	return c
+}
+
+// waitSettled waits until c has no script on its way (Client.Wait):
+// Release returns on a quorum, before the other nodes have answered.
+func waitSettled(t *testing.T, c *redlock.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Wait(ctx); err != nil {
+		t.Fatalf("Client.Wait: %v", err)
+	}
 }
 
 // totalKeys returns the number of keys over all servers.
@@ -436,6 +448,7 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 	} else {
 		_ = l.Release(ctx)
 	}
+	waitSettled(t, c)
 	if n := totalKeys(t, cl); n != 0 {
 		t.Errorf("keys left = %q", cl.Keys(t))
 	}
@@ -453,6 +466,7 @@ func TestReleaseWithCancelledContextStillDeletes(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Errorf("Release with a cancelled ctx = %v, want nil", err)
 	}
+	waitSettled(t, c)
 	if n := totalKeys(t, cl); n != 0 {
 		t.Errorf("keys left = %q", cl.Keys(t))
 	}
@@ -535,6 +549,7 @@ func TestDoExtendsWhileRunning(t *testing.T) {
 	if rivalWins != 0 || rivalTries < 10 {
 		t.Errorf("rival won %d of %d tries while Do ran 3x TTL, want 0 of many", rivalWins, rivalTries)
 	}
+	waitSettled(t, c)
 	if n := totalKeys(t, cl); n != 0 {
 		t.Errorf("keys after Do = %q", cl.Keys(t))
 	}
@@ -579,7 +594,8 @@ func TestDoCancelsBeforeUntilWhenMajorityStops(t *testing.T) {
 }
 
 // TestNoScriptLoadsInSteadyState: scripts go out as EVALSHA; EVAL (the
-// NOSCRIPT fallback) runs once per script per node, on first use.
+// NOSCRIPT fallback) runs once per script per node, on first use. The
+// first acquire round of a plain lock is SET NX GET, no script.
 func TestNoScriptLoadsInSteadyState(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
@@ -598,12 +614,15 @@ func TestNoScriptLoadsInSteadyState(t *testing.T) {
 	}
 	for i, s := range cl {
 		info := s.Client(t).Info(ctx, "commandstats").Val()
-		evals, evalshas := cmdCalls(info, "eval"), cmdCalls(info, "evalsha")
-		if evals > 3 {
-			t.Errorf("node %d: %d EVAL calls for 3 scripts, want at most 3", i, evals)
+		evals, evalshas, sets := cmdCalls(info, "eval"), cmdCalls(info, "evalsha"), cmdCalls(info, "set")
+		if evals > 2 {
+			t.Errorf("node %d: %d EVAL calls for 2 scripts, want at most 2", i, evals)
 		}
-		if evalshas < 150 {
-			t.Errorf("node %d: %d EVALSHA calls, want at least 150", i, evalshas)
+		if evalshas < 100 {
+			t.Errorf("node %d: %d EVALSHA calls, want at least 100", i, evalshas)
+		}
+		if sets < 50 {
+			t.Errorf("node %d: %d SET calls, want at least 50 (one per TryAcquire)", i, sets)
 		}
 	}
 }
@@ -625,4 +644,102 @@ func cmdCalls(info, name string) int {
 		return n
 	}
 	return 0
+}
+
+// TestServerWithoutSetNXGet: a node that rejects SET NX GET as a syntax
+// error (Redis before 7.0) gets the acquire script in the same round, and
+// the script from then on: its keys are set like everyone else's.
+func TestServerWithoutSetNXGet(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	old := &rejectSetGet{}
+	nodes[0].(*redis.Client).AddHook(old)
+	c := newClient(t, nodes)
+	ctx := context.Background()
+
+	// Concurrent first rounds: some reach node 0 in one pipeline.
+	var wg sync.WaitGroup
+	locks := make([]*redlock.Lock, 16)
+	errs := make([]error, len(locks))
+	for i := range locks {
+		wg.Go(func() { locks[i], errs[i] = c.TryAcquire(ctx, []string{fmt.Sprint("k", i)}, time.Minute) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("TryAcquire k%d: %v", i, err)
+		}
+	}
+	if err := c.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(cl[0].Keys(t)); got != len(locks) {
+		t.Errorf("node 0 holds %d keys, want %d: it must get the script after rejecting SET NX GET", got, len(locks))
+	}
+	if old.rejected.Load() == 0 {
+		t.Fatal("the hook rejected nothing: the test does not test the fallback")
+	}
+	for _, l := range locks {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rejected := old.rejected.Load()
+	for range 10 {
+		l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := old.rejected.Load(); got != rejected {
+		t.Errorf("node 0 got SET NX GET %d more times after rejecting it, want 0", got-rejected)
+	}
+}
+
+// rejectSetGet is a go-redis hook that answers SET ... GET as Redis 6
+// answers SET NX GET: with a syntax error, without sending it.
+type rejectSetGet struct{ rejected atomic.Int32 }
+
+type syntaxError struct{}
+
+func (syntaxError) Error() string { return "ERR syntax error" }
+func (syntaxError) RedisError()   {}
+
+func (h *rejectSetGet) reject(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 2 || !strings.EqualFold(fmt.Sprint(args[0]), "set") || !strings.EqualFold(fmt.Sprint(args[len(args)-1]), "get") {
+		return false
+	}
+	h.rejected.Add(1)
+	cmd.SetErr(syntaxError{})
+	return true
+}
+
+func (h *rejectSetGet) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *rejectSetGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.reject(cmd) {
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *rejectSetGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var rest []redis.Cmder
+		for _, cmd := range cmds {
+			if !h.reject(cmd) {
+				rest = append(rest, cmd)
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		return next(ctx, rest)
+	}
 }

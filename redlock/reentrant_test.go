@@ -48,6 +48,7 @@ func TestReentrantHoldsCount(t *testing.T) {
 	if err := lb.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitSettled(t, c)
 	for i, keys := range cl.Keys(t) {
 		for _, k := range keys {
 			if k != "r:fencing" {

@@ -20,9 +20,11 @@ package redlock
 // holds our owner token counts as ours: a retry after a lost reply never
 // blocks itself (redis.io distlock spec, step 2, made multi-key and
 // idempotent), and an owner may take its lock again (reentrancy). One key
-// without reentrancy is one SET NX (a GET and a PTTL follow a refusal). Our existing keys keep their
-// value and get their TTL raised to ARGV[2], never lowered (an earlier hold
-// of the same owner relies on it).
+// without reentrancy is one SET NX (a GET and a PTTL follow a refusal);
+// the first round of such a lock sends SET NX GET instead of this script
+// (Client.attempt). Our existing keys keep their value and get their TTL
+// raised to ARGV[2], never lowered (an earlier hold of the same owner
+// relies on it).
 //
 // ARGV[3] is n, the number of lock keys; ARGV[4] "1" for fencing; ARGV[5] the
 // restart gate in ms or "0"; ARGV[6] the acquisition ID of a reentrant lock

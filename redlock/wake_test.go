@@ -207,6 +207,7 @@ func TestReleaseWithoutChannelPermission(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("waiter: %v", err)
 	}
+	waitSettled(t, c)
 	for i, s := range cl {
 		if n := len(s.Keys(t)); n != 0 {
 			t.Errorf("node %d: %d keys left", i, n)

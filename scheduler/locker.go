@@ -194,13 +194,13 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	defer cancel()
 
 	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
-	marker, err := l.take(lctx, tickRes, l.tickTTL())
+	marker, err := l.take(lctx, tickRes, l.tickTTL(), nil)
 	if err != nil {
 		err = l.lockError(key, tick, "tick", err)
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
-	run, err := l.take(lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl)
+	run, err := l.take(lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl, func() bool { return l.running(key) })
 	if err != nil {
 		if !isHeld(err) || errors.Is(err, redlock.ErrUnavailable) {
 			// Not a busy job: give the tick back, another instance may
@@ -230,8 +230,12 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 // restarting) is retried too, with a growing random delay, until lctx (the
 // lock timeout) ends: every round is a full acquisition, undone where it
 // failed, so retrying never gives a tick twice. A round lost to one holder
-// with a quorum is final.
-func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) (*redlock.Lock, error) {
+// with a quorum is final, unless that holder is this instance and held
+// (nil: never) says that no lock of this instance holds resource: then the
+// holder is one of this call's own earlier rounds, whose grant reached the
+// nodes after the round had given up and which redlock deletes as soon as
+// its reply arrives (a late grant); that is retried like a split round.
+func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration, held func() bool) (*redlock.Lock, error) {
 	unavailable := 0
 	for {
 		lk, err := l.client.TryAcquire(lctx, []string{resource}, ttl, redlock.WithMetadata(l.cfg.instance))
@@ -246,7 +250,7 @@ func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration) 
 		if errors.Is(err, redlock.ErrUnavailable) {
 			unavailable++
 			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
-		} else if _, taken := qerr.Holder(); taken {
+		} else if holder, taken := qerr.Holder(); taken && (holder != l.cfg.instance || (held != nil && held())) {
 			return nil, err
 		}
 		t := time.NewTimer(delay)
@@ -316,6 +320,19 @@ func (l *Locker) lockError(job string, tick time.Time, what string, err error) e
 	default:
 		return fmt.Errorf("scheduler: job %q tick %s: %w", job, tick.Format(time.RFC3339Nano), err)
 	}
+}
+
+// running reports whether a run of job holds its run lock in this
+// instance.
+func (l *Locker) running(job string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, rl := range l.runs {
+		if rl.job == job {
+			return true
+		}
+	}
+	return false
 }
 
 // tickTTL is how long a tick record lives: twice the clock tolerance, at
