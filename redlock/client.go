@@ -217,10 +217,19 @@ type reply struct {
 // okParse reads a script's integer reply, which means OK when it equals
 // want.
 func okParse(want int64) func(*redis.Cmd) (reply, error) {
+	if want == 1 {
+		return parseOne
+	}
 	return func(cmd *redis.Cmd) (reply, error) {
 		v, err := cmd.Int64()
 		return reply{ok: v == want}, err
 	}
+}
+
+// parseOne is okParse(1), the common case, without an allocation.
+var parseOne = func(cmd *redis.Cmd) (reply, error) {
+	v, err := cmd.Int64()
+	return reply{ok: v == 1}, err
 }
 
 // roundState collects the answers of one quorum round. Answers that arrive
@@ -250,9 +259,9 @@ type roundSpec struct {
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
 	script  *luaScript    // nil: cmd is a plain command
 	cmd     []any         // evalArgs(script, keys, args...), or a plain command
-	// alt, optional, is the script (evalArgs of altScript) for nodes that
-	// reject the plain command cmd as a syntax error (op.alt).
-	alt       []any
+	// alt, optional, builds the script command (evalArgs of altScript) for
+	// nodes that reject the plain command cmd as a syntax error (op.alt).
+	alt       func() []any
 	altScript *luaScript
 	parse     func(*redis.Cmd) (reply, error)
 	skip      []bool // optional: nodes not to call, counted as OutcomeOK
@@ -347,7 +356,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		o.script, o.cmd, o.complete = spec.script, spec.cmd, completeRound
 		o.alt, o.altScript = spec.alt, spec.altScript
 		if spec.alt != nil && o.nd.oldServer.Load() {
-			o.script, o.cmd, o.alt = spec.altScript, spec.alt, nil
+			o.script, o.cmd, o.alt = spec.altScript, spec.alt(), nil
 		}
 		o.nd.submit(o)
 	}

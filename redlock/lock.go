@@ -405,13 +405,14 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 	if l.fencing {
 		fencing = "1"
 	}
+	scriptCmd := func() []any {
+		return evalArgs(acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid)
+	}
 	spec := roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,
-		script: acquireScript,
-		cmd:    evalArgs(acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid),
-		parse:  parseAcquireReply,
-		early:  true,
-		late:   l.lateGrant,
+		parse: parseAcquireReply,
+		early: true,
+		late:  l.lateGrant,
 	}
 	if n == 1 && l.nlock == 1 && l.aid == "" && !l.fencing && c.cfg.gate == 0 {
 		// The first round of a plain one-key lock is SET NX GET: no key
@@ -420,9 +421,10 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int) *QuorumError {
 		// arise, and Redis runs a plain command 2-3x faster than a script.
 		// It returns the holder's value like the script, but not its TTL.
 		// A node that rejects it (Redis before 7.0) gets the script.
-		spec.alt, spec.altScript = spec.cmd, spec.script
-		spec.script = nil
 		spec.cmd = []any{"set", l.keys[0], l.value, "px", ttl.Milliseconds(), "nx", "get"}
+		spec.alt, spec.altScript = scriptCmd, acquireScript
+	} else {
+		spec.script, spec.cmd = acquireScript, scriptCmd()
 	}
 	rs := c.round(ctx, spec)
 	// A reentrant hold keeps the token its owner's hold recorded: any node

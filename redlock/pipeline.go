@@ -54,10 +54,10 @@ type op struct {
 	deadline time.Time       // never sent at or after it (zero: ctx's deadline only)
 	script   *luaScript      // cmd's script, for EVAL on NOSCRIPT; nil: cmd is not EVALSHA
 	cmd      []any           // the command, shared by a round's ops (evalArgs for a script)
-	// alt, when not nil, is the script (EVALSHA, evalArgs of altScript)
-	// that does what cmd does, for a node that rejects cmd as a syntax
-	// error: SET NX GET before Redis 7.0.
-	alt       []any
+	// alt, when not nil, builds the script command (EVALSHA, evalArgs of
+	// altScript) that does what cmd does, for a node that rejects cmd as a
+	// syntax error: SET NX GET before Redis 7.0.
+	alt       func() []any
 	altScript *luaScript
 	res       *redis.Cmd
 	// complete is called by the worker once res is set; it must not block.
@@ -199,7 +199,7 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 // three times (SET, EVALSHA, EVAL).
 func (n *node) redo(o *op) bool {
 	err := o.res.Err()
-	if err == nil || o.ended() != nil {
+	if err == nil || err == redis.Nil || o.ended() != nil {
 		return false
 	}
 	switch {
@@ -208,7 +208,7 @@ func (n *node) redo(o *op) bool {
 		return true
 	case o.alt != nil && redis.HasErrorPrefix(err, "syntax error"):
 		n.oldServer.Store(true)
-		o.script, o.cmd, o.alt = o.altScript, o.alt, nil
+		o.script, o.cmd, o.alt = o.altScript, o.alt(), nil
 		return true
 	}
 	return false
