@@ -325,7 +325,9 @@ func (l *Lock) releaseChannels() []string {
 // and metrics.
 func (c *Client) endAcquire(ctx context.Context, span trace.Span, start time.Time, attempts int, l *Lock, err error) {
 	outcome, _ := classify(err)
-	c.tel.acquireDur.Record(ctx, time.Since(start).Seconds(), outcomeAttrs(outcome))
+	if c.tel.acquireDur.Enabled(ctx) {
+		c.tel.acquireDur.Record(ctx, time.Since(start).Seconds(), outcomeAttrs(outcome))
+	}
 	if span.IsRecording() {
 		span.SetAttributes(tracing.Attempts.Int(attempts))
 		if err == nil && l.fencing {

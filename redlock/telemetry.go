@@ -105,7 +105,7 @@ func newTelemetry(cfg config) (*telemetry, error) {
 
 // startOp starts an operation span.
 func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
-	ctx, span := t.tracer.Start(ctx, name, spanKindInternal)
+	ctx, span := t.tracer.Start(ctx, name, spanKindInternal...)
 	if span.IsRecording() {
 		if !t.hideResources {
 			span.SetAttributes(tracing.Resources.StringSlice(resources))
@@ -117,8 +117,10 @@ func (t *telemetry) startOp(ctx context.Context, name string, resources []string
 	return ctx, span
 }
 
-// spanKindInternal is built once: the option costs an allocation per call.
-var spanKindInternal = trace.WithSpanKind(trace.SpanKindInternal)
+// spanKindInternal is built once, as the slice that Start's variadic
+// options need: a new option, or a new slice of it, costs an allocation
+// per call.
+var spanKindInternal = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
 
 // endOp ends an operation span with the outcome of err: contention leaves
 // the status unset, real failures set status Error and error.type.
@@ -167,7 +169,7 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
 		return ctx, parent
 	}
-	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, spanKindInternal)
+	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, spanKindInternal...)
 	if span.IsRecording() {
 		span.SetAttributes(
 			tracing.RoundOp.String(op),
@@ -194,7 +196,9 @@ func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs
 	if op == "acquire" && outcome == tracing.OutcomeContended {
 		t.contention.Add(ctx, 1)
 	}
-	t.roundDur.Record(ctx, took.Seconds(), roundAttrs(op, outcome))
+	if t.roundDur.Enabled(ctx) { // else passing options allocates for nothing
+		t.roundDur.Record(ctx, took.Seconds(), roundAttrs(op, outcome))
+	}
 	if !span.IsRecording() {
 		return // no span was started (startRound)
 	}
@@ -248,16 +252,21 @@ var attrCache struct {
 	m map[[2]string]metric.MeasurementOption
 }
 
-// cachedAttrs returns the cached option for key, building it with build
-// on first use.
-func cachedAttrs(key [2]string, build func() attribute.Set) metric.MeasurementOption {
+// cachedAttrs returns the cached option for key, {round op, outcome} or
+// {"", outcome}, building it on first use (without a closure: one that
+// captured the key was allocated on every call).
+func cachedAttrs(key [2]string) metric.MeasurementOption {
 	attrCache.RLock()
 	o, ok := attrCache.m[key]
 	attrCache.RUnlock()
 	if ok {
 		return o
 	}
-	o = metric.WithAttributeSet(build())
+	set := attribute.NewSet(tracing.Outcome.String(key[1]))
+	if key[0] != "" {
+		set = attribute.NewSet(tracing.RoundOp.String(key[0]), tracing.Outcome.String(key[1]))
+	}
+	o = metric.WithAttributeSet(set)
 	attrCache.Lock()
 	if attrCache.m == nil {
 		attrCache.m = make(map[[2]string]metric.MeasurementOption)
@@ -269,16 +278,12 @@ func cachedAttrs(key [2]string, build func() attribute.Set) metric.MeasurementOp
 
 // roundAttrs returns the attributes of a round duration measurement.
 func roundAttrs(op, outcome string) metric.MeasurementOption {
-	return cachedAttrs([2]string{op, outcome}, func() attribute.Set {
-		return attribute.NewSet(tracing.RoundOp.String(op), tracing.Outcome.String(outcome))
-	})
+	return cachedAttrs([2]string{op, outcome})
 }
 
 // outcomeAttrs returns the attributes of a measurement with only an outcome.
 func outcomeAttrs(outcome string) metric.MeasurementOption {
-	return cachedAttrs([2]string{"", outcome}, func() attribute.Set {
-		return attribute.NewSet(tracing.Outcome.String(outcome))
-	})
+	return cachedAttrs([2]string{"", outcome})
 }
 
 // roundOutcome is the default outcome of a round's results.
