@@ -12,7 +12,7 @@
 //     every key of the lock to a random 128-bit value with PX ttl, all or
 //     nothing, unless a key holds another value. A key that already holds
 //     our value counts as ours (a retry after a lost reply never blocks
-//     itself). The first round of a plain one-key lock sends SET NX GET
+//     itself). TryAcquire of a plain one-key lock sends SET NX GET
 //     instead, which does the same there (Redis 7.0 or later; older nodes
 //     get the script). Each node has a per-node timeout enforced by this package
 //     (WithNodeTimeout, default 100 ms), whatever the go-redis client's own

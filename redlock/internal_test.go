@@ -26,8 +26,8 @@ func TestAcquireIsIdempotent(t *testing.T) {
 		}
 		m.SetTTL("r", time.Second)
 	}
-	// Round 2: a first round sends SET NX GET, which no key can match.
-	if qerr := c.attempt(context.Background(), l, 2); qerr != nil {
+	// As Acquire (TryAcquire sends SET NX GET, which no key can match).
+	if qerr := c.attempt(context.Background(), l, 1, false); qerr != nil {
 		t.Fatalf("attempt over our own keys = %v, want granted", qerr)
 	}
 	// The round decided early: let the last node's script land, whichever
@@ -63,7 +63,7 @@ func TestRetriedReentrantAcquireCountsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // the same acquisition, sent twice
-		if qerr := c.attempt(ctx, l, 1); qerr != nil {
+		if qerr := c.attempt(ctx, l, 1, false); qerr != nil {
 			t.Fatal(qerr)
 		}
 	}

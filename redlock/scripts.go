@@ -21,7 +21,7 @@ package redlock
 // blocks itself (redis.io distlock spec, step 2, made multi-key and
 // idempotent), and an owner may take its lock again (reentrancy). One key
 // without reentrancy is one SET NX (a GET and a PTTL follow a refusal);
-// the first round of such a lock sends SET NX GET instead of this script
+// TryAcquire of such a lock sends SET NX GET instead of this script
 // (Client.attempt). Our existing keys keep their value and get their TTL
 // raised to ARGV[2], never lowered (an earlier hold of the same owner
 // relies on it).
