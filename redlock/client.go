@@ -23,10 +23,10 @@ import (
 // immutable after New and safe for concurrent use by many goroutines. It
 // starts no goroutine of its own except while an Acquire waits for a
 // contended lock (WithReleaseNotices), and those end with the last such
-// Acquire. It does not own the go-redis clients:
-// closing them is the caller's job, after the last call has returned and
-// then Wait (for the scripts that calls returning on a quorum left on their
-// way).
+// Acquire. It does not own the go-redis clients: closing them is the
+// caller's job, after the last call has returned and Wait has returned (it
+// waits for the commands that calls returning on a quorum left on their way
+// to the other nodes).
 type Client struct {
 	nodes  []node
 	quorum int
