@@ -46,6 +46,7 @@ type node struct {
 	// oldServer is set once the node rejected SET NX GET (Redis before
 	// 7.0): it gets the acquire script instead (pipeline.go, redo).
 	oldServer atomic.Bool
+	timeout   time.Duration // the node timeout, for SCRIPT LOAD (redo)
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -113,6 +114,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		}
 		seen[id] = i
 		c.nodes[i].idx, c.nodes[i].rdb, c.nodes[i].addr = i, rdb, addr
+		c.nodes[i].timeout = cfg.nodeTimeout
 	}
 	return c, nil
 }
@@ -134,7 +136,10 @@ func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
 // the deletion of grants that arrive after their round. Call it after the
 // last Acquire or Release has returned and before closing the go-redis
 // clients, at shutdown or in a test that inspects every node; under load
-// from other goroutines it may never return. It checks every millisecond.
+// from other goroutines it may never return, so give ctx a deadline. It
+// polls every millisecond. nil means nothing is in flight, not that every
+// key is gone: a script dropped at the node timeout, or one that failed on
+// its node, leaves its key to expire with the TTL.
 //
 // Errors: ctx's cause when ctx ends first. Safe for concurrent use.
 func (c *Client) Wait(ctx context.Context) error {

@@ -340,10 +340,11 @@ func (c *Client) endAcquire(ctx context.Context, span trace.Span, start time.Tim
 // TryAcquire is Acquire with exactly one quorum round and no retry. For
 // one resource without WithOwner, WithFencing or restart gating that round
 // is SET NX GET rather than the acquire script (Redis 7.0 or later; a node
-// that rejects it gets the script), so a refusal reports the holder but
-// not its TTL. On failure it returns a *QuorumError (matching
-// ErrNotAcquired, and ErrUnavailable when too many nodes failed), or, when
-// ctx had ended, an error matching ErrNotAcquired and ctx's cause.
+// that rejects it gets the script): it reports the holder's metadata
+// (QuorumError.Holder) like the script. Errors: ErrInvalidArgument for bad
+// input (no I/O then); a *QuorumError (matching ErrNotAcquired, and
+// ErrUnavailable when too many nodes failed); or, when ctx had ended, an
+// error matching ErrNotAcquired and ctx's cause.
 func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...AcquireOption) (l *Lock, err error) {
 	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)
 	start := time.Now()
@@ -588,9 +589,19 @@ func (l *Lock) cleanLate(n *node) {
 	if n.idx < len(rs) && rs[n.idx].Outcome == OutcomeOK {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
-	defer cancel()
-	if err := n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid, "").Err(); err != nil {
+	var err error
+	for try := 0; try < 2; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
+		err = n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid, "").Err()
+		cancel()
+		// NOSCRIPT here means that the node answered after the deadline,
+		// too late for EVAL; the script has been loaded meanwhile (redo),
+		// so once more.
+		if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			break
+		}
+	}
+	if err != nil {
 		l.c.log.Warn("redlock: cleanup of a late grant failed; the key expires with its TTL",
 			"resources", l.resources, "node", n.addr, "err", err)
 	}
@@ -750,13 +761,14 @@ func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
 }
 
 // Release deletes the lock's keys on every node where they still hold this
-// lock's value (compare-and-delete in one script per node). It returns as
-// soon as the outcome is known: a quorum deleted them, or so many nodes
-// failed or no longer held them that no quorum can (at most the node
-// timeout); the scripts for the other nodes go on in the nodes' workers and
-// are dropped if their node has not taken them by the node timeout. It runs
-// on a context detached from ctx's cancellation, so it cleans up even when
-// ctx is already cancelled.
+// lock's value (compare-and-delete in one script per node), on every node
+// that takes its script within the node timeout. It returns as soon as the
+// outcome is known: a quorum deleted them, or so many nodes failed or no
+// longer held them that no quorum can (at most the node timeout); the
+// scripts for the other nodes go on in the nodes' workers and are dropped
+// if their node has not taken them by the node timeout (their keys expire
+// with the TTL). It runs on a context detached from ctx's cancellation, so
+// it cleans up even when ctx is already cancelled.
 //
 // It returns nil when a quorum confirmed the deletion within the validity.
 // Errors: ErrInvalidArgument for a nil Lock; ErrLockLost when the lock was
@@ -764,7 +776,8 @@ func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
 // it (its keys are deleted anyway); otherwise a *QuorumError matching
 // ErrUnavailable (nodes failed, so no quorum confirmed the deletion; keys
 // left on them expire with the TTL). Calling
-// Release twice returns ErrLockLost the second time.
+// Release twice returns ErrLockLost the second time (a plain error, no
+// *QuorumError: nothing is sent).
 func (l *Lock) Release(ctx context.Context) (err error) {
 	if l == nil {
 		return invalidf("Release on a nil *Lock")

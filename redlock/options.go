@@ -125,9 +125,13 @@ func (o SharedOption) applyAcquire(a *acquireConfig) { o.acquire(a) }
 // WithRetry sets the retry policy of Acquire and Do: factory is called once
 // per call, so every call gets fresh state (never share one stateful
 // BackOff between goroutines). NextBackOff gives the delay before the next
-// attempt; backoff.Stop ends Acquire with the last round's error. The
-// policy's own clock governs its MaxElapsedTime. Default: DefaultRetry. A nil
-// factory is rejected (New, or the call).
+// attempt; backoff.Stop ends Acquire with the last round's error. With
+// release notices (WithReleaseNotices, the default) a delay ends early when
+// the holder releases, and is stretched to the holder's expiry (at most
+// 1 s) while every node confirms the waiter's subscription, so the policy
+// sets the pace of polling, not the wall time between attempts. The
+// policy's own clock governs its MaxElapsedTime. Default: DefaultRetry. A
+// nil factory is rejected (New, or the call).
 func WithRetry(factory func() backoff.BackOff) SharedOption {
 	return SharedOption{
 		client:  func(c *config) { c.retry = factory },

@@ -49,9 +49,14 @@ type nodeQueue struct {
 
 // op is one command for one node: a script, or a plain command with a
 // script to fall back on. The worker fills in res and calls complete.
+//
+// deadline bounds when the worker hands the command to go-redis, which may
+// still write it later (dialing a new connection first, for one): a grant
+// that lands late is a late grant (lateGrant), and validity is measured
+// from the round's start, before any of it.
 type op struct {
 	ctx      context.Context // the round's (with its deadline), or the caller's
-	deadline time.Time       // never sent at or after it (zero: ctx's deadline only)
+	deadline time.Time       // never handed to go-redis at or after it (zero: ctx's deadline only)
 	script   *luaScript      // cmd's script, for EVAL on NOSCRIPT; nil: cmd is not EVALSHA
 	cmd      []any           // the command, shared by a round's ops (evalArgs for a script)
 	// alt, when not nil, builds the script command (EVALSHA, evalArgs of
@@ -191,27 +196,49 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 
 // redo reports whether o must be sent again, and changes its command for
 // that: a script the node did not know (NOSCRIPT, after SCRIPT FLUSH or a
-// restart) goes as EVAL with its source; a plain command the node
-// rejected as a syntax error goes as its alternative script, for this op
-// and, from now on, for every op of this node (oldServer). Never after
-// o's deadline: no command leaves after its round's deadline, also not a
-// second form. Each form is tried at most once, so an op is sent at most
-// three times (SET, EVALSHA, EVAL).
+// restart, or a node's first use) goes as EVAL with its source; a plain
+// command the node rejected as a syntax error goes as its alternative
+// script, for this op and, from now on, for every op of this node
+// (oldServer). Never after o's deadline: no command leaves after its
+// round's deadline, also not a second form. Each form is tried at most
+// once, so an op is sent at most three times (SET, EVALSHA, EVAL).
+//
+// A script that met NOSCRIPT after its deadline is loaded instead (SCRIPT
+// LOAD runs nothing): on a node slower than the node timeout every first
+// EVALSHA answers after its deadline, and without it the node would
+// answer NOSCRIPT to that script for good, so that no release would ever
+// delete a key there.
 func (n *node) redo(o *op) bool {
 	err := o.res.Err()
-	if err == nil || err == redis.Nil || o.ended() != nil {
+	if err == nil || err == redis.Nil {
 		return false
 	}
+	late := o.ended() != nil
 	switch {
 	case o.script != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+		if late {
+			n.load(o.script)
+			return false
+		}
 		o.cmd, o.script = evalFallback(o), nil
 		return true
 	case o.alt != nil && redis.HasErrorPrefix(err, "syntax error"):
 		n.oldServer.Store(true)
+		if late {
+			return false
+		}
 		o.script, o.cmd, o.alt = o.altScript, o.alt(), nil
 		return true
 	}
 	return false
+}
+
+// load loads script on n (SCRIPT LOAD), waiting at most the node timeout;
+// a failure is left to the next NOSCRIPT.
+func (n *node) load(script *luaScript) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
+	defer cancel()
+	_ = n.rdb.ScriptLoad(ctx, script.src).Err()
 }
 
 // evalArgs returns the command EVALSHA sha numkeys keys... args... Built

@@ -743,3 +743,31 @@ func (h *rejectSetGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 		return next(ctx, rest)
 	}
 }
+
+// TestNodeSlowerThanNodeTimeoutIsCleaned: on a node whose link is slower
+// than the node timeout every first EVALSHA answers NOSCRIPT after its
+// round's deadline, when no EVAL may follow. The script is loaded then, so
+// that later releases and late-grant cleanups delete the keys there
+// (without it the node kept every key until its TTL).
+func TestNodeSlowerThanNodeTimeoutIsCleaned(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := cl.ProxiedClients(t)
+	proxies[2].SetLatencyIn(redlocktest.ClientToNode, 150*time.Millisecond)
+	c := newClient(t, nodes, redlock.WithNodeTimeout(50*time.Millisecond))
+	ctx := context.Background()
+	for i := range 2 {
+		l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+		if err != nil {
+			t.Fatalf("cycle %d: TryAcquire: %v", i, err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("cycle %d: Release: %v", i, err)
+		}
+		waitSettled(t, c)
+	}
+	for i, keys := range cl.Keys(t) {
+		if len(keys) != 0 {
+			t.Errorf("node %d keeps %q after two cycles and Wait", i, keys)
+		}
+	}
+}
