@@ -137,6 +137,7 @@ func TestFencingCountersExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = l.Release(ctx)
+	waitSettled(t, c) // the fence round, like Release, returns on a quorum
 	for i, s := range cl {
 		ttl := s.Client(t).PTTL(ctx, "r:fencing").Val()
 		if ttl <= 0 || ttl > 2*time.Second {

@@ -198,6 +198,7 @@ func TestMultiResourceIsAllOrNothing(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitSettled(t, c)
 	for i, m := range ms {
 		if got := m.Keys(); len(got) != 0 {
 			t.Errorf("node %d keys after Release = %q, want none", i, got)
