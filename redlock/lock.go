@@ -608,18 +608,18 @@ func (l *Lock) cleanLate(n *node) {
 }
 
 // releaseAll runs the release script on every node and waits for every
-// answer up to the node timeout. It does not wait for acquire calls still
+// answer up to the node timeout (the undo of a failed attempt; Release
+// itself returns on a quorum). It does not wait for acquire calls still
 // on their way: on each node the release runs after them (see lateGrant).
-//
-// op names the round in telemetry: "release" for Release, "undo" for the
-// cleanup of a failed attempt (whose "held" answers are the other holder's
-// keys, not a lost lock). notice is the payload of the release notices, ""
-// for none (only a Release wakes waiters: wake.go).
 func (c *Client) releaseAll(ctx context.Context, l *Lock, op, notice string, skip []bool) []NodeResult {
 	return c.round(ctx, c.releaseSpec(l, op, notice, skip))
 }
 
-// releaseSpec returns the round that runs the release script on every node.
+// releaseSpec returns the round that runs the release script on every
+// node. op names the round in telemetry: "release" for Release, "undo" for
+// the cleanup of a failed attempt (whose "held" answers are the other
+// holder's keys, not a lost lock). notice is the payload of the release
+// notices, "" for none (only a Release wakes waiters: wake.go).
 func (c *Client) releaseSpec(l *Lock, op, notice string, skip []bool) roundSpec {
 	return roundSpec{op: op, skip: skip, script: releaseScript,
 		cmd: evalArgs(releaseScript, l.ownedKeys(), l.value, l.aid, notice), parse: okParse(int64(l.nlock))}
