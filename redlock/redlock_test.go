@@ -594,8 +594,8 @@ func TestDoCancelsBeforeUntilWhenMajorityStops(t *testing.T) {
 }
 
 // TestNoScriptLoadsInSteadyState: scripts go out as EVALSHA; EVAL (the
-// NOSCRIPT fallback) runs once per script per node, on first use. The
-// first acquire round of a plain lock is SET NX GET, no script.
+// NOSCRIPT fallback) runs once per script per node, on first use.
+// TryAcquire of a plain lock sends SET NX GET, no script.
 func TestNoScriptLoadsInSteadyState(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
