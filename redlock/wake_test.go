@@ -72,19 +72,27 @@ func allAtLeast(v []int64, n int64) bool {
 	return true
 }
 
+// startHeld starts 3 nodes and a Client that retries every 20 s
+// (slowRetry), and takes "r" for 30 s. nodes is a second client set for
+// inspecting the nodes (subscribers).
+func startHeld(t *testing.T) (redlocktest.Cluster, []redis.UniversalClient, *redlock.Client, *redlock.Lock) {
+	t.Helper()
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	held, err := c.TryAcquire(context.Background(), []string{"r"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, cl.Clients(t), c, held
+}
+
 // TestReleaseWakesWaiter: an Acquire waiting for a held lock, whose retry
 // delay is 20 s, takes the lock as soon as the holder releases it, and its
 // subscriptions end with it.
 func TestReleaseWakesWaiter(t *testing.T) {
 	verifyNoLeaks(t)
-	cl := redlocktest.Start(t, 3)
-	nodes := cl.Clients(t)
-	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	_, nodes, c, held := startHeld(t)
 	ctx := context.Background()
-	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	type result struct {
 		l   *redlock.Lock
 		err error
@@ -151,14 +159,8 @@ func TestReleaseNoticesOff(t *testing.T) {
 // subscriber ends once the node runs again.
 func TestWakeSurvivesStoppedNode(t *testing.T) {
 	verifyNoLeaks(t)
-	cl := redlocktest.Start(t, 3)
-	nodes := cl.Clients(t)
-	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	cl, nodes, c, held := startHeld(t)
 	ctx := context.Background()
-	held, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl[2].Stop(t)
 	defer cl[2].Cont(t)
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
