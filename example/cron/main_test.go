@@ -40,7 +40,11 @@ func TestProcessModeKillOne(t *testing.T) {
 	t.Parallel()
 	cluster := redlocktest.Start(t, 3)
 	bin := buildExample(t)
-	out := runExample(t, bin, "-mode", "process", "-kill-one", "-redis", strings.Join(cluster.Addrs(), ","), "-duration", "8s")
+	// 10s, not 8s: the kill lands 5-6s in (mid-tick of instance 2) and the
+	// judged window ends 8.7s in, so at least 2.7s of it follow the kill and
+	// hold a tick of the 2s job. With 8s that stretch was 1.7-2.7s and, on
+	// an unlucky phase, held no sync tick at all (a CI run failed so).
+	out := runExample(t, bin, "-mode", "process", "-kill-one", "-redis", strings.Join(cluster.Addrs(), ","), "-duration", "10s")
 	rows := checkExactlyOnce(t, out, 3)
 	// Instance 2 (+250ms) fires first and is the one killed; the others
 	// must have run the judged ticks after the kill.
