@@ -313,7 +313,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 	for i := range rs.results {
 		rs.results[i] = NodeResult{Node: i, Addr: c.nodes[i].addr, Outcome: -1}
 	}
-	rs.start = time.Now()
+	rs.start = begin
 	// One deadline for the whole round: every node has the same per-node
 	// timeout. The context lives until the last answer, so that scripts
 	// still queued after an early decision are sent until the deadline; it
