@@ -509,7 +509,8 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 	votes := map[string]int{}
 	for _, r := range rs {
 		if _, md, ok := splitValue(r.value); r.Outcome == OutcomeOK && ok {
-			if votes[r.value]++; votes[r.value] >= c.quorum {
+			v := unmarked(r.value) // a waiter may have marked it on some nodes only
+			if votes[v]++; votes[v] >= c.quorum {
 				return md, true, nil
 			}
 		}

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,6 +111,34 @@ func eventually(t *testing.T, cond func() bool) {
 	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not met within 5s")
+		}
+	}
+}
+
+// TestWaitMarkedValues: a value whose byte after the owner token a waiter
+// marked (acquireScript) still gives its trace context and metadata, and
+// unmarked restores the value its owner wrote; other values pass as they are.
+func TestWaitMarkedValues(t *testing.T) {
+	token := strings.Repeat("a", tokenLen)
+	tp := "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"
+	for _, v := range []string{buildValue(token, "", "md"), buildValue(token, tp, "md")} {
+		wantTP, wantMD, _ := splitValue(v)
+		marked := []byte(v)
+		marked[tokenLen] = map[byte]byte{'-': '_', 'T': 't'}[v[tokenLen]]
+		gotTP, gotMD, ok := splitValue(string(marked))
+		if !ok || gotTP != wantTP || gotMD != wantMD {
+			t.Errorf("splitValue(%q) = %q, %q, %v; want %q, %q, true", marked, gotTP, gotMD, ok, wantTP, wantMD)
+		}
+		if got := unmarked(string(marked)); got != v {
+			t.Errorf("unmarked(%q) = %q, want %q", marked, got, v)
+		}
+		if got := unmarked(v); got != v {
+			t.Errorf("unmarked(%q) = %q, want it unchanged", v, got)
+		}
+	}
+	for _, v := range []string{"", "short", token, token + "x"} {
+		if got := unmarked(v); got != v {
+			t.Errorf("unmarked(%q) = %q, want it unchanged", v, got)
 		}
 	}
 }

@@ -95,6 +95,11 @@ const tokenLen = 32
 // when there is none, then the metadata. Other clients read the trace
 // context and metadata of a holder from a refused round; the owner token
 // never leaves this package.
+//
+// On a node, a waiting Acquire that the key refused turns the byte after
+// the token into its wait mark, '-' into '_' and 'T' into 't' (see
+// acquireScript), so that the holder's release publishes a notice; the
+// owner token, which every ownership check compares, stays as it is.
 func buildValue(token, tp, metadata string) string {
 	if tp == "" {
 		return token + "-" + metadata
@@ -102,16 +107,31 @@ func buildValue(token, tp, metadata string) string {
 	return token + "T" + tp + metadata
 }
 
-// splitValue returns the trace context and metadata of a lock value; ok is
-// false for a value not written by this package.
+// splitValue returns the trace context and metadata of a lock value,
+// marked or not; ok is false for a value not written by this package.
 func splitValue(v string) (tp, metadata string, ok bool) {
 	switch {
-	case len(v) > tokenLen && v[tokenLen] == '-':
+	case len(v) > tokenLen && (v[tokenLen] == '-' || v[tokenLen] == '_'):
 		return "", v[tokenLen+1:], true
-	case len(v) >= tokenLen+1+traceparentLen && v[tokenLen] == 'T':
+	case len(v) >= tokenLen+1+traceparentLen && (v[tokenLen] == 'T' || v[tokenLen] == 't'):
 		return v[tokenLen+1 : tokenLen+1+traceparentLen], v[tokenLen+1+traceparentLen:], true
 	}
 	return "", "", false
+}
+
+// unmarked returns v without its wait mark (buildValue): the value as its
+// owner wrote it, the same on every node.
+func unmarked(v string) string {
+	if len(v) <= tokenLen {
+		return v
+	}
+	switch v[tokenLen] {
+	case '_':
+		return v[:tokenLen] + "-" + v[tokenLen+1:]
+	case 't':
+		return v[:tokenLen] + "T" + v[tokenLen+1:]
+	}
+	return v
 }
 
 // Until returns the local validity deadline: the start of the last
@@ -411,8 +431,12 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	if l.fencing {
 		fencing = "1"
 	}
+	wait := "0" // whether a refusal marks the key for a release notice
+	if !once && !c.cfg.noWake {
+		wait = "1"
+	}
 	scriptCmd := func() []any {
-		return evalArgs(acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid)
+		return evalArgs(acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid, wait)
 	}
 	spec := roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,

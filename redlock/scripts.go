@@ -15,8 +15,9 @@ package redlock
 // Common arguments: ARGV[1] is the lock value, ARGV[2] a TTL in ms.
 
 // acquireScript grants when no lock key is held by another owner, and
-// returns {1, token, reentered}; otherwise it changes nothing and returns
-// {0, the other holder's value, that key's PTTL in ms}. A key that already
+// returns {1, token, reentered}; otherwise it returns {0, the other
+// holder's value, that key's PTTL in ms} and changes nothing but, when
+// ARGV[7] is "1", the other holder's wait mark (below). A key that already
 // holds our owner token counts as ours: a retry after a lost reply never
 // blocks itself (redis.io distlock spec, step 2, made multi-key and
 // idempotent), and an owner may take its lock again (reentrancy). One key
@@ -28,8 +29,13 @@ package redlock
 //
 // ARGV[3] is n, the number of lock keys; ARGV[4] "1" for fencing; ARGV[5] the
 // restart gate in ms or "0"; ARGV[6] the acquisition ID of a reentrant lock
-// or "". KEYS: n lock keys, then n holds keys (reentrant only), then n
-// fencing counters (fencing only), then the gate marker (gating only).
+// or "". ARGV[7] is "1" when the caller waits for the key's release
+// notice (an Acquire with release notices on): the refusing key then gets
+// its wait mark, the byte after the owner token turned from '-' or 'T' to
+// '_' or 't' (SETRANGE keeps the TTL; markValue in lock.go), which asks
+// its holder's release to publish a notice (releaseScript). KEYS: n lock
+// keys, then n holds keys (reentrant only), then n fencing counters
+// (fencing only), then the gate marker (gating only).
 //
 // With fencing the token is 1 + the largest counter of the lock's resources,
 // or, when a reentrant owner already holds every key and its hold recorded
@@ -60,10 +66,18 @@ end
 local tok = string.sub(ARGV[1], 1, 32)
 local ttl = tonumber(ARGV[2])
 local mine = 0
+local function refuse(k, v)
+  if ARGV[7] == '1' then
+    local c = string.sub(v, 33, 33)
+    if c == '-' then redis.call('SETRANGE', k, 32, '_')
+    elseif c == 'T' then redis.call('SETRANGE', k, 32, 't') end
+  end
+  return {0, v, redis.call('PTTL', k)}
+end
 if n == 1 and not owner then
   if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
     local v = redis.call('GET', KEYS[1])
-    if string.sub(v, 1, 32) ~= tok then return {0, v, redis.call('PTTL', KEYS[1])} end
+    if string.sub(v, 1, 32) ~= tok then return refuse(KEYS[1], v) end
     if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
   end
 else
@@ -71,7 +85,7 @@ else
   for i = 1, n do
     local v = redis.call('GET', KEYS[i])
     if v then
-      if string.sub(v, 1, 32) ~= tok then return {0, v, redis.call('PTTL', KEYS[i])} end
+      if string.sub(v, 1, 32) ~= tok then return refuse(KEYS[i], v) end
       mine = mine + 1
       had[i] = true
     end
@@ -156,11 +170,14 @@ return 1
 // acquisition ID; KEYS[n+1..2n] are the holds hashes) it removes this
 // acquisition's hold and deletes the key only when no hold is left.
 //
-// When ARGV[3] is not empty (Release), for each key it deletes it publishes
-// ARGV[3], an ID of the lock, as a release notice on the channel
+// When ARGV[3] is not empty (Release), for each key it deletes that has its
+// wait mark (an Acquire was refused by it and waits: acquireScript) it
+// publishes ARGV[3], an ID of the lock, as a release notice on the channel
 // "<key>:released" (releasedSuffix), which wakes the Acquire calls waiting
-// for the key (wake.go). Undo rounds and late-grant cleanups publish
-// nothing, nor does a key that expires: waiters poll as well. PUBLISH runs
+// for the key (wake.go). A release that nobody waits for publishes nothing
+// (PUBLISH was a third of this script's cost on the server). Undo rounds
+// and late-grant cleanups publish nothing, nor does a key that expires:
+// waiters poll as well. PUBLISH runs
 // under pcall: a user whose ACL denies the channel (Redis 7's default for
 // new users is resetchannels) still releases; its waiters poll.
 var releaseScript = newScript(`
@@ -182,7 +199,8 @@ for i = 1, n do
     end
     if last then
       redis.call('DEL', KEYS[i])
-      if ARGV[3] ~= '' then redis.pcall('PUBLISH', KEYS[i] .. '` + releasedSuffix + `', ARGV[3]) end
+      local c = string.sub(v, 33, 33)
+      if ARGV[3] ~= '' and (c == '_' or c == 't') then redis.pcall('PUBLISH', KEYS[i] .. '` + releasedSuffix + `', ARGV[3]) end
     end
   end
 end

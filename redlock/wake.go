@@ -12,9 +12,10 @@ import (
 
 // Wake on release. A contended Acquire does not only sleep out its retry
 // delay: the release script publishes a notice on "<key>:released" on every
-// node where it deletes the key (see releaseScript), and an Acquire that
-// lost a round waits for whichever comes first, its retry delay or a
-// notice for one of its keys. The delay stays the fallback for what
+// node where it deletes the key and a waiter marked it (see releaseScript:
+// the acquire script of an Acquire marks the key that refuses it), and an
+// Acquire that lost a round waits for whichever comes first, its retry
+// delay or a notice for one of its keys. The delay stays the fallback for what
 // publishes nothing (a key that expires, a lost notice, a node whose
 // subscription is down), so waking changes no outcome, only when the next
 // round starts. (Redisson does the same for its single-node locks.)

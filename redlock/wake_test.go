@@ -3,6 +3,8 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,5 +256,121 @@ func TestWaiterDoesNotPollAHeldLock(t *testing.T) {
 	// confirmed, and the one after the expiry).
 	if attempts < 2 || attempts > 30 {
 		t.Errorf("waiter made %d rounds over a %v hold, want a few (not polling every 5ms)", attempts, ttl)
+	}
+}
+
+// publishes returns the number of PUBLISH calls each node ran since its
+// last CONFIG RESETSTAT (INFO commandstats counts those of scripts too).
+func publishes(t *testing.T, nodes []redis.UniversalClient) []int64 {
+	t.Helper()
+	out := make([]int64, len(nodes))
+	for i, rdb := range nodes {
+		info, err := rdb.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatalf("INFO commandstats on node %d: %v", i, err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
+				calls, _, _ := strings.Cut(rest, ",")
+				out[i], _ = strconv.ParseInt(calls, 10, 64)
+			}
+		}
+	}
+	return out
+}
+
+// TestReleaseNoticeOnlyWhenAwaited: a release that no Acquire waits for
+// publishes nothing; an Acquire of another Client (another process) that
+// was refused marks the holder's key on every node, and the holder's
+// release then publishes its notice there.
+func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	ctx := context.Background()
+	for i, rdb := range nodes {
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatalf("CONFIG RESETSTAT on node %d: %v", i, err)
+		}
+	}
+	holder := newClient(t, cl.Clients(t))
+	waiter := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+
+	for _, acquire := range []func() (*redlock.Lock, error){
+		func() (*redlock.Lock, error) { return holder.TryAcquire(ctx, []string{"alone"}, 30*time.Second) },
+		func() (*redlock.Lock, error) { return holder.Acquire(ctx, []string{"alone"}, 30*time.Second) },
+	} {
+		l, err := acquire()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSettled(t, holder)
+	if p := publishes(t, nodes); p[0]+p[1]+p[2] != 0 {
+		t.Errorf("PUBLISH calls per node after releases nobody waited for: %v, want none", p)
+	}
+
+	held, err := holder.TryAcquire(ctx, []string{"r"}, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	got := acquireAndRelease(wctx, waiter, "r")
+	waitFor(t, "the wait mark on every node", func() bool {
+		for _, rdb := range nodes {
+			v, err := rdb.Get(ctx, "r").Result()
+			if err != nil || len(v) <= 32 || (v[32] != '_' && v[32] != 't') {
+				return false
+			}
+		}
+		return true
+	})
+	if md, ok, err := holder.Holder(ctx, "r"); err != nil || !ok || md != "" {
+		t.Errorf("Holder() of a marked lock = %q, %v, %v; want \"\", true, nil", md, ok, err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	waitSettled(t, holder)
+	if p := publishes(t, nodes); p[0] < 1 || p[1] < 1 || p[2] < 1 {
+		t.Errorf("PUBLISH calls per node after a release a waiter marked: %v, want at least 1 on each", p)
+	}
+}
+
+// TestHolderIgnoresWaitMarks: a waiter marks the holder's key only on the
+// nodes that refused it, so the values differ between nodes; Holder counts
+// them as one lock.
+func TestHolderIgnoresWaitMarks(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 30*time.Second, redlock.WithMetadata("me"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	waitSettled(t, c)
+	v, err := nodes[0].Get(ctx, "r").Result()
+	if err != nil || len(v) <= 32 || v[32] != '-' {
+		t.Fatalf("value on node 0 = %q, %v; want the owner token, '-', the metadata", v, err)
+	}
+	// Node 0 marked as by a waiter, node 2 lost the key (restart without
+	// persistence): one marked and one plain value remain.
+	if err := nodes[0].SetRange(ctx, "r", 32, "_").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[2].Del(ctx, "r").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if md, ok, err := c.Holder(ctx, "r"); err != nil || !ok || md != "me" {
+		t.Errorf("Holder() = %q, %v, %v; want me, true, nil", md, ok, err)
 	}
 }
