@@ -504,8 +504,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	// Undo the attempt everywhere, also where the answer was missing or
 	// an error: the script may have run there (redis.io distlock spec,
 	// step 5). Detached from ctx, so a cancelled caller still cleans up.
-	// A node that answered "held" set nothing (the script is all or
-	// nothing, and our own keys would have counted as ours): skip it.
+	// A node that answered "held" set nothing of ours (the script is all
+	// or nothing, and our own keys would have counted as ours; it may have
+	// marked the holder's key for a release notice): skip it.
 	skip := make([]bool, len(rs))
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld

@@ -21,7 +21,8 @@ package redlock
 // holds our owner token counts as ours: a retry after a lost reply never
 // blocks itself (redis.io distlock spec, step 2, made multi-key and
 // idempotent), and an owner may take its lock again (reentrancy). One key
-// without reentrancy is one SET NX (a GET and a PTTL follow a refusal);
+// without reentrancy is one SET NX (a GET, a PTTL and, for a waiter, the
+// mark's SETRANGE follow a refusal);
 // TryAcquire of such a lock sends SET NX GET instead of this script
 // (Client.attempt). Our existing keys keep their value and get their TTL
 // raised to ARGV[2], never lowered (an earlier hold of the same owner
@@ -32,7 +33,7 @@ package redlock
 // or "". ARGV[7] is "1" when the caller waits for the key's release
 // notice (an Acquire with release notices on): the refusing key then gets
 // its wait mark, the byte after the owner token turned from '-' or 'T' to
-// '_' or 't' (SETRANGE keeps the TTL; markValue in lock.go), which asks
+// '_' or 't' (SETRANGE keeps the TTL; buildValue and unmarked in lock.go), which asks
 // its holder's release to publish a notice (releaseScript). KEYS: n lock
 // keys, then n holds keys (reentrant only), then n fencing counters
 // (fencing only), then the gate marker (gating only).

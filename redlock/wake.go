@@ -17,8 +17,9 @@ import (
 // Acquire that lost a round waits for whichever comes first, its retry
 // delay or a notice for one of its keys. The delay stays the fallback for what
 // publishes nothing (a key that expires, a lost notice, a node whose
-// subscription is down), so waking changes no outcome, only when the next
-// round starts. (Redisson does the same for its single-node locks.)
+// subscription is down, a release of a key no waiter's round has met and
+// marked yet), so waking changes no outcome, only when the next round
+// starts. (Redisson does the same for its single-node locks.)
 //
 // One waker per Client holds the keys its Acquire calls wait for. While at
 // least one key is wanted, each node has a subscriber: one goroutine that
@@ -171,7 +172,8 @@ func (w *waker) gen(channels []string) uint64 {
 // While every node has confirmed the subscription to every channel, a
 // release will wake the caller, so the retry delay only stands in for what
 // publishes nothing: the holder's key expiring (expires from now, 0 when
-// unknown) or a lost notice. The delay is then stretched to that expiry, at
+// unknown), a lost notice, or a release of a key that none of the caller's
+// rounds met (so not marked: acquireScript). The delay is then stretched to that expiry, at
 // most maxNoticeWait: a waiter that lost its round does not poll a lock
 // that is held for a while (Redisson waits the same way). Every node, not a
 // quorum: a lock held on a bare quorum whose node then dies is released on
