@@ -33,10 +33,10 @@ package redlock
 // or "". ARGV[7] is "1" when the caller waits for the key's release
 // notice (an Acquire with release notices on): the refusing key then gets
 // its wait mark, the byte after the owner token turned from '-' or 'T' to
-// '_' or 't' (SETRANGE keeps the TTL; buildValue and unmarked in lock.go), which asks
-// its holder's release to publish a notice (releaseScript). KEYS: n lock
-// keys, then n holds keys (reentrant only), then n fencing counters
-// (fencing only), then the gate marker (gating only).
+// '_' or 't' (SETRANGE keeps the TTL; buildValue and unmarked in lock.go),
+// which asks its holder's release to publish a notice (releaseScript).
+// KEYS: n lock keys, then n holds keys (reentrant only), then n fencing
+// counters (fencing only), then the gate marker (gating only).
 //
 // With fencing the token is 1 + the largest counter of the lock's resources,
 // or, when a reentrant owner already holds every key and its hold recorded
@@ -178,9 +178,9 @@ return 1
 // for the key (wake.go). A release that nobody waits for publishes nothing
 // (PUBLISH was a third of this script's cost on the server). Undo rounds
 // and late-grant cleanups publish nothing, nor does a key that expires:
-// waiters poll as well. PUBLISH runs
-// under pcall: a user whose ACL denies the channel (Redis 7's default for
-// new users is resetchannels) still releases; its waiters poll.
+// waiters poll as well. PUBLISH runs under pcall: a user whose ACL denies
+// the channel (Redis 7's default for new users is resetchannels) still
+// releases; its waiters poll.
 var releaseScript = newScript(`
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]

@@ -173,9 +173,9 @@ func (w *waker) gen(channels []string) uint64 {
 // release will wake the caller, so the retry delay only stands in for what
 // publishes nothing: the holder's key expiring (expires from now, 0 when
 // unknown), a lost notice, or a release of a key that none of the caller's
-// rounds met (so not marked: acquireScript). The delay is then stretched to that expiry, at
-// most maxNoticeWait: a waiter that lost its round does not poll a lock
-// that is held for a while (Redisson waits the same way). Every node, not a
+// rounds met (so not marked: acquireScript). The delay is then stretched to
+// that expiry, at most maxNoticeWait: a waiter that lost its round does not
+// poll a lock that is held for a while (Redisson waits the same way). Every node, not a
 // quorum: a lock held on a bare quorum whose node then dies is released on
 // fewer than a quorum of nodes, and its notices never wake anyone; the dead
 // node's subscription fails too, and the waiter polls again.
