@@ -65,6 +65,7 @@ var tableColumns = map[string][]column{
 	wPar: {
 		{mOpsPerSec, "ops/s", fmtRate, true},
 		{mCmdsPerOp, "cmds sent / op", fmt2, true},
+		{mAllocs, "allocs/op", fmtInt, true},
 		{mErrors, "errors", fmtInt, false},
 	},
 	wContended: {

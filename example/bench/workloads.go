@@ -140,6 +140,7 @@ func (b *bench) runParallel(ctx context.Context) error {
 		type acc struct {
 			ops, errs int64
 			cmds      int64
+			mallocs   uint64
 			elapsed   time.Duration
 			perRound  []float64
 			lastErr   error
@@ -161,9 +162,13 @@ func (b *bench) runParallel(ctx context.Context) error {
 			for _, name := range order(names, r) {
 				l, _ := b.lib(name, n)
 				segmentGC()
+				var m0, m1 runtime.MemStats
+				runtime.ReadMemStats(&m0)
 				c0 := l.commands()
 				ops, errs, el, lastErr := parSegment(ctx, l, keys[name], b.cfg.seg)
+				runtime.ReadMemStats(&m1)
 				a := accs[name]
+				a.mallocs += m1.Mallocs - m0.Mallocs
 				a.cmds += l.commands() - c0
 				a.ops += ops
 				a.errs += errs
@@ -185,6 +190,7 @@ func (b *bench) runParallel(ctx context.Context) error {
 					mErrors:    float64(a.errs),
 					mOpsPerSec: float64(a.ops) / a.elapsed.Seconds(),
 					mCmdsPerOp: float64(a.cmds) / float64(max(a.ops, 1)),
+					mAllocs:    float64(a.mallocs) / float64(max(a.ops, 1)),
 				}}
 			if a.lastErr != nil {
 				res.Note = "last error: " + a.lastErr.Error()
