@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 }
 
 // miniClient returns a redlock Client over n fresh miniredis nodes.
-func miniClient(t *testing.T, n int) (*redlock.Client, []*miniredis.Miniredis) {
+func miniClient(t testing.TB, n int) (*redlock.Client, []*miniredis.Miniredis) {
 	t.Helper()
 	var nodes []redis.UniversalClient
 	var ms []*miniredis.Miniredis
@@ -192,6 +192,65 @@ func TestNewJobRejectsUnstableAndDuplicateNames(t *testing.T) {
 	}
 	if n := len(s.Jobs()); n != 1 {
 		t.Errorf("jobs after the rejected ones = %d, want 1", n)
+	}
+}
+
+// TestJobNameFreedByRemoveOrRename: a name is free again once its job was
+// removed or renamed, also through the embedded gocron methods (which the
+// name index does not see), and still taken while its job exists.
+func TestJobNameFreedByRemoveOrRename(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	s, err := scheduler.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	def := gocron.DurationJob(time.Second)
+	task := func() gocron.Task { return gocron.NewTask(func() {}) }
+	a, err := s.NewJob(def, task(), gocron.WithName("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveJob(a.ID()); err != nil { // gocron's, not seen by the index
+		t.Fatal(err)
+	}
+	if a, err = s.NewJob(def, task(), gocron.WithName("a")); err != nil {
+		t.Fatalf("NewJob named a after the first a was removed = %v, want nil", err)
+	}
+	if _, err := s.Update(a.ID(), def, task(), gocron.WithName("b")); err != nil {
+		t.Fatalf("Update renaming a to b: %v", err)
+	}
+	if _, err := s.NewJob(def, task(), gocron.WithName("a")); err != nil {
+		t.Fatalf("NewJob named a after a was renamed to b = %v, want nil", err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if _, err := s.NewJob(def, task(), gocron.WithName(name)); !errors.Is(err, scheduler.ErrDuplicateName) {
+			t.Errorf("NewJob named %s while a job has it = %v, want ErrDuplicateName", name, err)
+		}
+	}
+	if n := len(s.Jobs()); n != 2 {
+		t.Errorf("jobs = %d, want 2 (a and b)", n)
+	}
+}
+
+// BenchmarkRegisterJobs: adding 2,000 cron jobs to a new Scheduler. The
+// duplicate-name check listed every job on each NewJob (gocron sorts them
+// all), O(n² log n): 703 ms per 2,000 jobs (3.2 s for 4,000, where gocron
+// alone takes 22 ms); with the name index, 14 ms.
+func BenchmarkRegisterJobs(b *testing.B) {
+	c, _ := miniClient(b, 1)
+	def := gocron.CronJob("* * * * * *", true)
+	for b.Loop() {
+		s, err := scheduler.New(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range 2000 {
+			if _, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName(fmt.Sprintf("job-%d", i))); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = s.Shutdown()
 	}
 }
 
