@@ -17,7 +17,8 @@ var (
 	// "main.main.func1"). Name jobs with gocron.WithName.
 	ErrUnstableName = errors.New("scheduler: job name is not stable across instances")
 
-	// ErrDuplicateName matches a second job with the same name in one
-	// Scheduler: both would share one lock and one tick record.
+	// ErrDuplicateName matches a job given, by NewJob or Update, a name
+	// that another job of the same Scheduler has: both would share one
+	// lock and one tick record.
 	ErrDuplicateName = errors.New("scheduler: duplicate job name")
 )

@@ -21,9 +21,10 @@ var _ gocron.Scheduler = (*Scheduler)(nil)
 //
 //   - a job must have a stable name (gocron.WithName): an empty name or
 //     gocron's default name for a closure ("main.main.func1") fails with
-//     ErrUnstableName, a name already used by another job of this Scheduler
-//     (one added by NewJob or Update; the embedded gocron methods are not
-//     checked) with ErrDuplicateName;
+//     ErrUnstableName, a name that NewJob or Update gave to another job of
+//     this Scheduler that still has it with ErrDuplicateName (a name given
+//     through the embedded gocron methods, s.Scheduler.NewJob or Update, is
+//     not reliably caught);
 //   - a duration job (gocron.DurationJob(d)) is anchored to the wall-clock
 //     grid of multiples of d (gocron.WithStartAt with the current time
 //     rounded down to d), so that instances started at different times tick
@@ -38,9 +39,13 @@ type Scheduler struct {
 	// names maps each name that NewJob and Update gave a job to that job's
 	// ID, so that the duplicate check does not list every job (gocron's
 	// Jobs sorts them all: registering n jobs took O(n² log n), 3.2 s for
-	// 4,000). An entry may be stale (a job removed or renamed through the
-	// embedded gocron methods); settle confirms a hit against Jobs.
-	names map[string]uuid.UUID
+	// 4,000). An entry may be stale: its job was removed or renamed since
+	// (by any method), or a failed check removed it; settle confirms a hit
+	// against Jobs, and rebuilds the index from Jobs whenever it has
+	// doubled since the last rebuild (indexed), so that it does not grow
+	// with names long gone.
+	names   map[string]uuid.UUID
+	indexed int
 }
 
 // Option configures New.
@@ -117,7 +122,9 @@ func (s *Scheduler) NewJob(def gocron.JobDefinition, task gocron.Task, opts ...g
 	return s.settle(j, def, task, opts)
 }
 
-// Update is gocron's Update with the checks described on Scheduler.
+// Update is gocron's Update with the checks described on Scheduler. gocron
+// has replaced the job's definition before the checks run, so a job whose
+// new definition fails them is removed, not restored.
 func (s *Scheduler) Update(id uuid.UUID, def gocron.JobDefinition, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -150,6 +157,13 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 		s.names = map[string]uuid.UUID{}
 	}
 	s.names[name] = j.ID() // a re-created duration job keeps its ID
+	if len(s.names) > 2*s.indexed+64 {
+		s.names = make(map[string]uuid.UUID, len(s.names))
+		for _, job := range s.Scheduler.Jobs() {
+			s.names[job.Name()] = job.ID()
+		}
+		s.indexed = len(s.names)
+	}
 	ds, ok := j.Schedule().(gocron.DurationJobSchedule)
 	if !ok || ds.Duration <= 0 {
 		s.locker.setResolution(name, 0)

@@ -397,3 +397,35 @@ func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
 		t.Error("the skipped run's round has no link to the trace of the run that holds the tick")
 	}
 }
+
+// TestJobNameIndexForgetsRemovedJobs: the name index is rebuilt from the
+// scheduler's jobs as it grows, so names of removed jobs do not pile up,
+// and duplicates are still found after a rebuild.
+func TestJobNameIndexForgetsRemovedJobs(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	s, err := scheduler.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	def := gocron.CronJob("* * * * * *", true)
+	keep, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName("keep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 { // far past the first rebuilds (64, 192, 448, 960 entries)
+		j, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName(fmt.Sprintf("gone-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RemoveJob(j.ID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := scheduler.IndexedNames(s); n > 200 {
+		t.Errorf("name index holds %d names with 1 job left, want it rebuilt (at most 200)", n)
+	}
+	if _, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName("keep")); !errors.Is(err, scheduler.ErrDuplicateName) {
+		t.Errorf("NewJob named keep while job %s has it = %v, want ErrDuplicateName", keep.ID(), err)
+	}
+}
