@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -422,5 +423,39 @@ func TestLockRetriesNodesThatDidNotAnswer(t *testing.T) {
 	}
 	if err := lk.Unlock(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkLockHeldElsewhere: the Lock of an instance that finds the tick
+// taken, on 3 real nodes: the outcome of every instance but one on every
+// tick. Building its error's message eagerly (fmt.Errorf over the quorum
+// error's per-node detail), which gocron never reads, cost 19 of its 111
+// allocations (8.9 KB); with the message built on demand, 92 (7.9 KB).
+func BenchmarkLockHeldElsewhere(b *testing.B) {
+	cl := redlocktest.Start(b, 3)
+	c, err := redlock.New(cl.Clients(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	holder, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	other, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := holder.Lock(ctx, "report")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := other.Lock(ctx, "report"); !errors.Is(err, scheduler.ErrHeldElsewhere) {
+			b.Fatalf("Lock = %v, want ErrHeldElsewhere", err)
+		}
 	}
 }

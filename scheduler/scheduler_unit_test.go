@@ -80,11 +80,11 @@ func TestNewLockerRejectsBadConfig(t *testing.T) {
 func TestLockTellsBusyFromUnavailable(t *testing.T) {
 	c, ms := miniClient(t, 3)
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
-	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock))
+	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := scheduler.NewLocker(c, scheduler.WithClock(clock))
+	b, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +94,11 @@ func TestLockTellsBusyFromUnavailable(t *testing.T) {
 		t.Fatalf("first Lock = %v, %v; want a lock", la, err)
 	}
 	lb, err := b.Lock(ctx, "report")
-	if lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, redlock.ErrUnavailable) {
-		t.Errorf("Lock of the same tick on another instance = %v, %v; want nil, ErrHeldElsewhere", lb, err)
+	var held *redlock.QuorumError
+	if lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, redlock.ErrUnavailable) || !errors.As(err, &held) {
+		t.Errorf("Lock of the same tick on another instance = %v, %v; want nil, ErrHeldElsewhere with a *QuorumError", lb, err)
+	} else if want := `scheduler: job held by another instance: job "report" tick 2026-01-01T12:00:00Z: tick already taken by a: ` + held.Error(); err.Error() != want {
+		t.Errorf("Lock error reads\n%s\nwant\n%s", err, want)
 	}
 	if err := la.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
@@ -122,6 +125,8 @@ func TestLockTellsBusyFromUnavailable(t *testing.T) {
 	var qerr *redlock.QuorumError
 	if l != nil || !errors.Is(err, redlock.ErrUnavailable) || errors.Is(err, scheduler.ErrHeldElsewhere) || !errors.As(err, &qerr) {
 		t.Errorf("Lock with 2 of 3 nodes down = %v, %v; want nil, ErrUnavailable with a *QuorumError", l, err)
+	} else if want := `scheduler: job "report" tick 2026-01-01T12:00:02Z: redis unavailable: `; !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("Lock error reads\n%s\nwant it to start with\n%s", err, want)
 	}
 }
 
