@@ -187,7 +187,7 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 // that refused it, and its duration, then ends its span.
 func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs []NodeResult, quorum int, took time.Duration, outcome string) {
 	for _, r := range rs {
-		if r.Outcome == OutcomeError || r.Outcome == OutcomeTimeout {
+		if (r.Outcome == OutcomeError || r.Outcome == OutcomeTimeout) && t.nodeErrors.Enabled(ctx) {
 			host, port := splitAddr(r.Addr)
 			t.nodeErrors.Add(ctx, 1, metric.WithAttributes(semconv.ServerAddressKey.String(host),
 				semconv.ServerPortKey.Int(port), tracing.Outcome.String(r.Outcome.String())))

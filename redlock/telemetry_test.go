@@ -171,12 +171,33 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	c := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp), redlock.WithNodeSpans(true),
-		redlock.WithHiddenResources(true), redlock.WithNodeTimeout(100*time.Millisecond))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	c := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp), redlock.WithMeterProvider(mp),
+		redlock.WithNodeSpans(true), redlock.WithHiddenResources(true), redlock.WithNodeTimeout(100*time.Millisecond))
 	cl[1].Kill(t)
 	cl[2].Kill(t)
 	if _, err := c.TryAcquire(context.Background(), []string{"secret-name"}, time.Second); !errors.Is(err, redlock.ErrUnavailable) {
 		t.Fatalf("TryAcquire = %v", err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	nodeErrors := map[string]int64{} // by server.port
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == tracing.MetricNodeErrors {
+				for _, p := range d.DataPoints {
+					port, _ := p.Attributes.Value("server.port")
+					nodeErrors[port.String()] += p.Value
+				}
+			}
+		}
+	}
+	if len(nodeErrors) != 2 {
+		t.Errorf("%s by port = %v, want the two killed nodes", tracing.MetricNodeErrors, nodeErrors)
 	}
 	var op, round sdktrace.ReadOnlySpan
 	nodeSpans := 0
