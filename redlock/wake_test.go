@@ -180,6 +180,34 @@ func TestWakeSurvivesStoppedNode(t *testing.T) {
 	cl[2].Cont(t)
 }
 
+// TestWakeAcrossClientsWithStoppedNode: a waiter in another Client (another
+// process: only the release notices can wake it) is woken with one node
+// stopped. Its refusals marked the holder's key on the two running nodes
+// only, and their two notices are a quorum. The retry delay is 20 s and,
+// with a node unconfirmed, is not shortened, so a waiter that got the lock
+// within 15 s was woken by the notices.
+func TestWakeAcrossClientsWithStoppedNode(t *testing.T) {
+	verifyNoLeaks(t)
+	cl, nodes, _, held := startHeld(t)
+	waiter := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	ctx := context.Background()
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	got := acquireAndRelease(wctx, waiter, "r")
+	waitFor(t, "the waiter's subscriptions on the running nodes", func() bool {
+		return allAtLeast(subscribers(t, nodes[:2], "r:released"), 1)
+	})
+	if err := held.Release(ctx); err != nil && !errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter in another Client with a stopped node: %v (not woken within 15 s; the retry delay is 20 s)", err)
+	}
+	cl[2].Cont(t)
+}
+
 // TestReleaseWithoutChannelPermission: an ACL user without channel access
 // (Redis 7's default for new users) acquires and releases as usual, the
 // denied PUBLISH notwithstanding, and its waiters still get the lock by
