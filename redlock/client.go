@@ -271,9 +271,11 @@ type roundSpec struct {
 	parse     func(*redis.Cmd) (reply, error)
 	skip      []bool // optional: nodes not to call, counted as OutcomeOK
 	early     bool   // decide as soon as the outcome is known
-	// late, optional, gets a grant (ok reply) that came after the
-	// decision. It runs in the node's worker and must not block.
-	late func(n *node, r reply)
+	// late, optional, is the lock of an acquire round: a grant (ok reply)
+	// that came after the decision goes to its lateGrant, in the node's
+	// worker. (A *Lock, not a method value: that cost an allocation per
+	// round.)
+	late *Lock
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
 	deadline time.Time
@@ -422,7 +424,7 @@ func completeRound(o *op) {
 	if rs.closed {
 		rs.mu.Unlock()
 		if spec.late != nil && err == nil && rep.ok {
-			spec.late(nd, rep)
+			spec.late.lateGrant(nd, rep)
 		}
 	} else {
 		rs.results[nd.idx] = r

@@ -442,7 +442,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		op: "acquire", attempt: n, ttl: ttl,
 		parse: parseAcquireReply,
 		early: true,
-		late:  l.lateGrant,
+		late:  l,
 	}
 	if once && n == 1 && l.nlock == 1 && l.aid == "" && !l.fencing && c.cfg.gate == 0 {
 		// TryAcquire of a plain one-key lock sends SET NX GET: no key can
