@@ -159,37 +159,25 @@ func TestReleaseNoticesOff(t *testing.T) {
 // TestWakeSurvivesStoppedNode: with one node stopped (SIGSTOP) a waiter is
 // still woken by the release notices of the others; the stopped node's
 // subscriber ends once the node runs again.
-func TestWakeSurvivesStoppedNode(t *testing.T) {
-	verifyNoLeaks(t)
-	cl, nodes, c, held := startHeld(t)
-	ctx := context.Background()
-	cl[2].Stop(t)
-	defer cl[2].Cont(t)
-	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	got := acquireAndRelease(wctx, c, "r")
-	waitFor(t, "the waiter's subscriptions on the running nodes", func() bool {
-		return allAtLeast(subscribers(t, nodes[:2], "r:released"), 1)
-	})
-	if err := held.Release(ctx); err != nil && !errors.Is(err, redlock.ErrUnavailable) {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("waiter with a stopped node: %v (not woken within 15 s; the retry delay is 20 s)", err)
-	}
-	cl[2].Cont(t)
-}
+func TestWakeSurvivesStoppedNode(t *testing.T) { wakeWithStoppedNode(t, false) }
 
 // TestWakeAcrossClientsWithStoppedNode: a waiter in another Client (another
 // process: only the release notices can wake it) is woken with one node
 // stopped. Its refusals marked the holder's key on the two running nodes
-// only, and their two notices are a quorum. The retry delay is 20 s and,
-// with a node unconfirmed, is not shortened, so a waiter that got the lock
-// within 15 s was woken by the notices.
-func TestWakeAcrossClientsWithStoppedNode(t *testing.T) {
+// only, and their two notices are a quorum.
+func TestWakeAcrossClientsWithStoppedNode(t *testing.T) { wakeWithStoppedNode(t, true) }
+
+// wakeWithStoppedNode stops one of 3 nodes, lets a waiter (in the holder's
+// Client, or in another one when otherClient) subscribe on the two others,
+// releases, and checks that the waiter got the lock within 15 s. Its retry
+// delay is 20 s and, with a node unconfirmed, is not shortened, so it was
+// woken by the release.
+func wakeWithStoppedNode(t *testing.T, otherClient bool) {
 	verifyNoLeaks(t)
-	cl, nodes, _, held := startHeld(t)
-	waiter := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	cl, nodes, waiter, held := startHeld(t)
+	if otherClient {
+		waiter = newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	}
 	ctx := context.Background()
 	cl[2].Stop(t)
 	defer cl[2].Cont(t)
@@ -203,7 +191,7 @@ func TestWakeAcrossClientsWithStoppedNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-got; err != nil {
-		t.Fatalf("waiter in another Client with a stopped node: %v (not woken within 15 s; the retry delay is 20 s)", err)
+		t.Fatalf("waiter (other Client: %v) with a stopped node: %v (not woken within 15 s; the retry delay is 20 s)", otherClient, err)
 	}
 	cl[2].Cont(t)
 }

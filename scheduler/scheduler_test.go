@@ -438,14 +438,7 @@ func BenchmarkLockHeldElsewhere(b *testing.B) {
 		b.Fatal(err)
 	}
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
-	holder, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	other, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	holder, other := twoLockers(b, c, clock)
 	ctx := context.Background()
 	l, err := holder.Lock(ctx, "report")
 	if err != nil {

@@ -33,6 +33,34 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 }
 
+// newMiniScheduler returns a Scheduler over one fresh miniredis node, shut
+// down when the test ends.
+func newMiniScheduler(t *testing.T) *scheduler.Scheduler {
+	t.Helper()
+	c, _ := miniClient(t, 1)
+	s, err := scheduler.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	return s
+}
+
+// twoLockers returns the Lockers of instances "a" and "b" over c, both on
+// clock.
+func twoLockers(tb testing.TB, c *redlock.Client, clock clockwork.Clock) (a, b *scheduler.Locker) {
+	tb.Helper()
+	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b, err = scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return a, b
+}
+
 // miniClient returns a redlock Client over n fresh miniredis nodes.
 func miniClient(t testing.TB, n int) (*redlock.Client, []*miniredis.Miniredis) {
 	t.Helper()
@@ -80,14 +108,7 @@ func TestNewLockerRejectsBadConfig(t *testing.T) {
 func TestLockTellsBusyFromUnavailable(t *testing.T) {
 	c, ms := miniClient(t, 3)
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
-	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := twoLockers(t, c, clock)
 	ctx := context.Background()
 	la, err := a.Lock(ctx, "report")
 	if err != nil || la == nil {
@@ -179,12 +200,7 @@ func TestTickGrid(t *testing.T) {
 }
 
 func TestNewJobRejectsUnstableAndDuplicateNames(t *testing.T) {
-	c, _ := miniClient(t, 1)
-	s, err := scheduler.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown() })
+	s := newMiniScheduler(t)
 	def := gocron.DurationJob(time.Second)
 	if _, err := s.NewJob(def, gocron.NewTask(func() {})); !errors.Is(err, scheduler.ErrUnstableName) {
 		t.Errorf("NewJob of an unnamed closure = %v, want ErrUnstableName", err)
@@ -204,12 +220,7 @@ func TestNewJobRejectsUnstableAndDuplicateNames(t *testing.T) {
 // removed or renamed, also through the embedded gocron methods (which the
 // name index does not see), and still taken while its job exists.
 func TestJobNameFreedByRemoveOrRename(t *testing.T) {
-	c, _ := miniClient(t, 1)
-	s, err := scheduler.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown() })
+	s := newMiniScheduler(t)
 	def := gocron.DurationJob(time.Second)
 	task := func() gocron.Task { return gocron.NewTask(func() {}) }
 	a, err := s.NewJob(def, task(), gocron.WithName("a"))
@@ -407,12 +418,7 @@ func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
 // scheduler's jobs as it grows, so names of removed jobs do not pile up,
 // and duplicates are still found after a rebuild.
 func TestJobNameIndexForgetsRemovedJobs(t *testing.T) {
-	c, _ := miniClient(t, 1)
-	s, err := scheduler.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown() })
+	s := newMiniScheduler(t)
 	def := gocron.CronJob("* * * * * *", true)
 	keep, err := s.NewJob(def, gocron.NewTask(func() {}), gocron.WithName("keep"))
 	if err != nil {
