@@ -427,17 +427,7 @@ func (l *Lock) finishLocked(rs []NodeResult) {
 func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *QuorumError {
 	ttl := l.ttl
 	start := time.Now()
-	fencing := "0"
-	if l.fencing {
-		fencing = "1"
-	}
-	wait := "0" // whether a refusal marks the key for a release notice
-	if !once && !c.cfg.noWake {
-		wait = "1"
-	}
-	scriptCmd := func() []any {
-		return evalArgs(acquireScript, l.keys, l.value, ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid, wait)
-	}
+	wait := !once && !c.cfg.noWake // a refusal marks the key for a release notice
 	spec := roundSpec{
 		op: "acquire", attempt: n, ttl: ttl,
 		parse: parseAcquireReply,
@@ -455,9 +445,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		// one round more, +50% commands per contended acquisition).
 		// A node that rejects it (Redis before 7.0) gets the script.
 		spec.cmd = []any{"set", l.keys[0], l.value, "px", ttl.Milliseconds(), "nx", "get"}
-		spec.alt, spec.altScript = scriptCmd, acquireScript
+		spec.alt, spec.altScript = func() []any { return c.acquireCmd(l, wait) }, acquireScript
 	} else {
-		spec.script, spec.cmd = acquireScript, scriptCmd()
+		spec.script, spec.cmd = acquireScript, c.acquireCmd(l, wait)
 	}
 	rs := c.round(ctx, spec)
 	// A reentrant hold keeps the token its owner's hold recorded: any node
@@ -516,6 +506,19 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	l.undone = undone
 	l.mu.Unlock()
 	return qerr
+}
+
+// acquireCmd returns the acquire script's command for l (see acquireScript
+// for its arguments); wait asks a refusal to mark the holder's key.
+func (c *Client) acquireCmd(l *Lock, wait bool) []any {
+	fencing, marks := "0", "0"
+	if l.fencing {
+		fencing = "1"
+	}
+	if wait {
+		marks = "1"
+	}
+	return evalArgs(acquireScript, l.keys, l.value, l.ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid, marks)
 }
 
 // parseAcquireReply reads the reply of the acquire script (parseAcquire)
