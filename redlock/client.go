@@ -47,6 +47,10 @@ type node struct {
 	// 7.0): it gets the acquire script instead (pipeline.go, redo).
 	oldServer atomic.Bool
 	timeout   time.Duration // the node timeout, for SCRIPT LOAD (redo)
+	// work is the method value n.drain, made once: "go n.work()" would
+	// allocate it at each worker's start (a sequential caller starts one
+	// per command).
+	work func()
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -115,6 +119,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		seen[id] = i
 		c.nodes[i].idx, c.nodes[i].rdb, c.nodes[i].addr = i, rdb, addr
 		c.nodes[i].timeout = cfg.nodeTimeout
+		c.nodes[i].work = c.nodes[i].drain
 	}
 	return c, nil
 }
@@ -254,6 +259,18 @@ type roundState struct {
 	// all collects every answer, also those after the decision, for
 	// spec.settled (nil without it).
 	all []NodeResult
+	alt []any // spec.alt's command, once built (altCmd)
+}
+
+// altCmd returns the round's script command spec.alt builds, building it
+// on first use: several nodes' workers may ask at once.
+func (rs *roundState) altCmd() []any {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.alt == nil {
+		rs.alt = rs.spec.alt(rs.c, rs.spec.late)
+	}
+	return rs.alt
 }
 
 // roundSpec describes one quorum round: one script, with the same keys and
@@ -264,9 +281,12 @@ type roundSpec struct {
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
 	script  *luaScript    // nil: cmd is a plain command
 	cmd     []any         // evalArgs(script, keys, args...), or a plain command
-	// alt, optional, builds the script command (evalArgs of altScript) for
-	// nodes that reject the plain command cmd as a syntax error (op.alt).
-	alt       func() []any
+	// alt, optional, builds the script command (evalArgs of altScript)
+	// that does what the plain command cmd does, for ops sent alone and for
+	// nodes that reject cmd as a syntax error (op.alt); l is late. It is a
+	// plain function, not a closure (no allocation per round), called at
+	// most once per round (roundState.altCmd).
+	alt       func(c *Client, l *Lock) []any
 	altScript *luaScript
 	parse     func(*redis.Cmd) (reply, error)
 	skip      []bool // optional: nodes not to call, counted as OutcomeOK
@@ -361,9 +381,9 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		o.rs, o.nd, o.deadline = rs, &c.nodes[i], end
 		o.ctx, o.span = c.tel.nodeSpan(nctx, o.nd, spec.op)
 		o.script, o.cmd, o.complete = spec.script, spec.cmd, completeRound
-		o.alt, o.altScript = spec.alt, spec.altScript
-		if spec.alt != nil && o.nd.oldServer.Load() {
-			o.script, o.cmd, o.alt = spec.altScript, spec.alt(), nil
+		o.alt = spec.alt != nil
+		if o.alt && o.nd.oldServer.Load() {
+			o.useAlt()
 		}
 		o.nd.submit(o)
 	}

@@ -59,12 +59,12 @@ type op struct {
 	deadline time.Time       // never handed to go-redis at or after it (zero: ctx's deadline only)
 	script   *luaScript      // cmd's script, for EVAL on NOSCRIPT; nil: cmd is not EVALSHA
 	cmd      []any           // the command, shared by a round's ops (evalArgs for a script)
-	// alt, when not nil, builds the script command (EVALSHA, evalArgs of
-	// altScript) that does what cmd does, for a node that rejects cmd as a
-	// syntax error: SET NX GET before Redis 7.0.
-	alt       func() []any
-	altScript *luaScript
-	res       *redis.Cmd
+	// alt reports that cmd, a plain command, has a script form (the
+	// round's altCmd, EVALSHA of spec.altScript) that does what it does.
+	// useAlt switches to it for an op sent alone (sendOne) and for a node
+	// that rejects cmd as a syntax error (SET NX GET before Redis 7.0).
+	alt bool
+	res *redis.Cmd
 	// complete is called by the worker once res is set; it must not block.
 	complete func(o *op)
 
@@ -98,8 +98,9 @@ func (n *node) run(ctx context.Context, script *luaScript, keys []string, args .
 	return o.res
 }
 
-// work drains n's queue and ends when it finds it empty.
-func (n *node) work() {
+// drain drains n's queue and ends when it finds it empty. It runs as the
+// node's worker (n.work).
+func (n *node) drain() {
 	growStack(0)
 	q := &n.queue
 	for {
@@ -167,7 +168,18 @@ func (n *node) send(batch []*op) {
 
 // sendOne sends one op with its own context, and again in the form that
 // the node's answer asks for (redo).
+//
+// An op with a script form goes alone as that script. The plain command
+// is SET NX GET, which answers nil when it sets the key, and go-redis runs
+// its retry classifier (a dozen errors.As, 21 allocations) on the nil
+// reply of a lone command; in a pipeline it looks at the first command's
+// reply only. The script answers {1, token}. Redis runs it slower (about
+// 2.4 against 1 µs), a difference that alternating builds did not show,
+// sequentially or with 64 goroutines (docs/design.md).
 func (n *node) sendOne(o *op) {
+	if o.alt {
+		o.useAlt()
+	}
 	for {
 		o.res = n.rdb.Do(o.ctx, o.cmd...)
 		if !n.redo(o) {
@@ -223,15 +235,20 @@ func (n *node) redo(o *op) bool {
 		}
 		o.cmd, o.script = evalFallback(o), nil
 		return true
-	case o.alt != nil && redis.HasErrorPrefix(err, "syntax error"):
+	case o.alt && redis.HasErrorPrefix(err, "syntax error"):
 		n.oldServer.Store(true)
 		if late {
 			return false
 		}
-		o.script, o.cmd, o.alt = o.altScript, o.alt(), nil
+		o.useAlt()
 		return true
 	}
 	return false
+}
+
+// useAlt makes o's command its script form (see op.alt).
+func (o *op) useAlt() {
+	o.script, o.cmd, o.alt = o.rs.spec.altScript, o.rs.altCmd(), false
 }
 
 // load loads script on n (SCRIPT LOAD), waiting at most the node timeout;
