@@ -282,10 +282,10 @@ type roundSpec struct {
 	script  *luaScript    // nil: cmd is a plain command
 	cmd     []any         // evalArgs(script, keys, args...), or a plain command
 	// alt, optional, builds the script command (evalArgs of altScript)
-	// that does what the plain command cmd does, for ops sent alone and for
-	// nodes that reject cmd as a syntax error (op.alt); l is late. It is a
-	// plain function, not a closure (no allocation per round), called at
-	// most once per round (roundState.altCmd).
+	// that does what the plain command cmd does, for nodes that reject cmd
+	// as a syntax error (op.alt); l is late. It is a plain function, not a
+	// closure (no allocation per round), called at most once per round
+	// (roundState.altCmd).
 	alt       func(c *Client, l *Lock) []any
 	altScript *luaScript
 	parse     func(*redis.Cmd) (reply, error)

@@ -13,8 +13,8 @@
 //     nothing, unless a key holds another value. A key that already holds
 //     our value counts as ours (a retry after a lost reply never blocks
 //     itself). TryAcquire of a plain one-key lock sends SET NX GET
-//     instead where it shares a pipeline with other rounds; it does the same
-//     (Redis 7.0 or later; older nodes get the script). Each node has a per-node timeout enforced by this package
+//     instead, which does the same there (Redis 7.0 or later; older nodes
+//     get the script). Each node has a per-node timeout enforced by this package
 //     (WithNodeTimeout, default 100 ms), whatever the go-redis client's own
 //     settings.
 //  3. The round is decided as soon as its outcome is known: N/2+1 grants, or

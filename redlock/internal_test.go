@@ -27,7 +27,7 @@ func TestAcquireIsIdempotent(t *testing.T) {
 		}
 		m.SetTTL("r", time.Second)
 	}
-	// As Acquire (TryAcquire may send SET NX GET, which no key can match).
+	// As Acquire (TryAcquire sends SET NX GET, which no key can match).
 	if qerr := c.attempt(context.Background(), l, 1, false); qerr != nil {
 		t.Fatalf("attempt over our own keys = %v, want granted", qerr)
 	}

@@ -60,9 +60,9 @@ type op struct {
 	script   *luaScript      // cmd's script, for EVAL on NOSCRIPT; nil: cmd is not EVALSHA
 	cmd      []any           // the command, shared by a round's ops (evalArgs for a script)
 	// alt reports that cmd, a plain command, has a script form (the
-	// round's altCmd, EVALSHA of spec.altScript) that does what it does.
-	// useAlt switches to it for an op sent alone (sendOne) and for a node
-	// that rejects cmd as a syntax error (SET NX GET before Redis 7.0).
+	// round's altCmd, EVALSHA of spec.altScript) that does what it does,
+	// for a node that rejects cmd as a syntax error (SET NX GET before
+	// Redis 7.0): useAlt switches to it.
 	alt bool
 	res *redis.Cmd
 	// complete is called by the worker once res is set; it must not block.
@@ -168,18 +168,7 @@ func (n *node) send(batch []*op) {
 
 // sendOne sends one op with its own context, and again in the form that
 // the node's answer asks for (redo).
-//
-// An op with a script form goes alone as that script. The plain command
-// is SET NX GET, which answers nil when it sets the key, and go-redis runs
-// its retry classifier (a dozen errors.As, 21 allocations) on the nil
-// reply of a lone command; in a pipeline it looks at the first command's
-// reply only. The script answers {1, token}. Redis runs it slower (about
-// 2.4 against 1 µs), a difference that alternating builds did not show,
-// sequentially or with 64 goroutines (docs/design.md).
 func (n *node) sendOne(o *op) {
-	if o.alt {
-		o.useAlt()
-	}
 	for {
 		o.res = n.rdb.Do(o.ctx, o.cmd...)
 		if !n.redo(o) {

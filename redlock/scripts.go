@@ -23,8 +23,8 @@ package redlock
 // idempotent), and an owner may take its lock again (reentrancy). One key
 // without reentrancy is one SET NX (a GET, a PTTL and, for a waiter, the
 // mark's SETRANGE follow a refusal);
-// TryAcquire of such a lock sends SET NX GET instead of this script in a
-// pipeline (Client.attempt, node.sendOne). Our existing keys keep their value and get their TTL
+// TryAcquire of such a lock sends SET NX GET instead of this script
+// (Client.attempt). Our existing keys keep their value and get their TTL
 // raised to ARGV[2], never lowered (an earlier hold of the same owner
 // relies on it).
 //
