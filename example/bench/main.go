@@ -129,7 +129,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.jsonOut, "json", "", "write raw results as JSON to this file")
 	fs.StringVar(&cfg.pngOut, "png", "", "write a chart (PNG) to this file")
 	fs.StringVar(&cfg.mdOut, "md", "", "also write the Markdown tables to this file")
-	fs.StringVar(&cfg.profile, "cpuprofile", "", "after the workloads, profile ours alone (sequential and parallel, 1 and 3 nodes) into this directory")
+	fs.StringVar(&cfg.profile, "cpuprofile", "", "after the workloads, profile ours alone (sequential and parallel, 1 and 3 nodes) into this directory; the sched workload profiles its window there too")
 	fs.DurationVar(&cfg.profDur, "cpuprofile-d", 5*time.Second, "duration of each profile")
 	fs.StringVar(&cfg.profLib, "cpuprofile-lib", libOurs, "library to profile (floor and redsync work on 3 nodes too)")
 	fs.StringVar(&cfg.from, "from", "", "run nothing: read results from this JSON file (-json of an earlier run) and write the tables, -md and -png")

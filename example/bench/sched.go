@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -150,12 +153,18 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 	cli0 := cnt.n.Load()
 	rcpu0 := nodes.cpu()
 	held0, other0 := held.Load(), other.Load()
+	stopProfile, err := b.profileWindow(fmt.Sprintf("ours-sched-%djobs.pprof", jobs))
+	if err != nil {
+		return err
+	}
 	w0 := time.Now()
 	inWindow.Store(true)
 	if err := sleepUntil(ctx, t1); err != nil {
+		stopProfile()
 		return err
 	}
 	wall := time.Since(w0)
+	stopProfile()
 	inWindow.Store(false)
 	cpu := processCPU() - cpu0
 	srv1, err := nodes.commandCalls(ctx)
@@ -238,4 +247,29 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// profileWindow starts a CPU profile of the whole process into name under
+// -cpuprofile's directory and returns the function that stops it; without
+// -cpuprofile it does nothing.
+func (b *bench) profileWindow(name string) (stop func(), err error) {
+	if b.cfg.profile == "" {
+		return func() {}, nil
+	}
+	if err := os.MkdirAll(b.cfg.profile, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(filepath.Join(b.cfg.profile, name))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	b.logf("sched: profiling the window into %s", f.Name())
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
