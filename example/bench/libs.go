@@ -89,10 +89,14 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 // goRedisClients returns one default go-redis client per address, all
 // counted by cnt.
+// clientCtxTimeout is -ctx-timeout: ContextTimeoutEnabled on every go-redis
+// client of every library.
+var clientCtxTimeout = true
+
 func goRedisClients(addrs []string, cnt *counter) []*redis.Client {
 	cs := make([]*redis.Client, len(addrs))
 	for i, a := range addrs {
-		cs[i] = redis.NewClient(&redis.Options{Addr: a})
+		cs[i] = redis.NewClient(&redis.Options{Addr: a, ContextTimeoutEnabled: clientCtxTimeout})
 		cs[i].AddHook(cnt)
 	}
 	return cs

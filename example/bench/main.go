@@ -110,6 +110,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&libs, "libs", strings.Join(allLibs, ","), "libraries (ours is always included)")
 	fs.StringVar(&redisAddrs, "redis", "", "comma-separated addresses of existing Redis servers (default: start redis-server processes; the paused workload needs those)")
 	fs.BoolVar(&cfg.quick, "quick", false, "short run (under a minute): fewer rounds, shorter segments")
+	fs.BoolVar(&clientCtxTimeout, "ctx-timeout", true, "ContextTimeoutEnabled on every library's go-redis clients (as our examples configure them); false: go-redis defaults")
 	fs.IntVar(&cfg.rounds, "rounds", 4, "rounds per workload (each library once per round, order rotated)")
 	fs.DurationVar(&cfg.seg, "d", time.Second, "time per library per round: seq and par")
 	fs.DurationVar(&cfg.warmup, "warmup", 200*time.Millisecond, "warm-up per library before the rounds")
@@ -293,6 +294,7 @@ type meta struct {
 	Contenders int       `json:"contenders"`
 	Hold       string    `json:"hold"`
 	Library    string    `json:"library"`
+	CtxTimeout bool      `json:"client_context_timeout_enabled"`
 	LoadBefore string    `json:"loadavg_before"`
 	LoadAfter  string    `json:"loadavg_after"`
 }
@@ -339,7 +341,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	defer b.closeLibs()
 	m := meta{Command: cfg.cmdline, Started: time.Now(), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0),
 		CPU: cpuModel(), Nodes: strings.Join(b.nodes.addrs(), ","), Rounds: cfg.rounds, Segment: cfg.seg.String(), TTL: ttl.String(),
-		Goroutines: cfg.goroutines, Contenders: cfg.contenders, Hold: cfg.hold.String(), Library: cfg.libVer}
+		Goroutines: cfg.goroutines, Contenders: cfg.contenders, Hold: cfg.hold.String(), Library: cfg.libVer,
+		CtxTimeout: clientCtxTimeout}
 	if m.Library == "" {
 		m.Library = libraryVersion()
 	}

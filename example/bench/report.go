@@ -104,8 +104,8 @@ var tableTitles = map[string]string{
 // writeTables writes one Markdown table per workload.
 func writeTables(w io.Writer, out output) {
 	m := out.Meta
-	fmt.Fprintf(w, "Run: `%s` — %s, %s, Go %s, GOMAXPROCS %d, %s, redis-server %s, lock TTL %s, %d rounds; library at %s; load average %s before, %s after.\n\n",
-		m.Command, m.Started.Format("2006-01-02 15:04"), m.Duration, strings.TrimPrefix(m.GoVersion, "go"), m.GOMAXPROCS, m.CPU, m.Redis, m.TTL, m.Rounds, m.Library,
+	fmt.Fprintf(w, "Run: `%s` — %s, %s, Go %s, GOMAXPROCS %d, %s, redis-server %s, lock TTL %s, %d rounds, go-redis ContextTimeoutEnabled %v; library at %s; load average %s before, %s after.\n\n",
+		m.Command, m.Started.Format("2006-01-02 15:04"), m.Duration, strings.TrimPrefix(m.GoVersion, "go"), m.GOMAXPROCS, m.CPU, m.Redis, m.TTL, m.Rounds, m.CtxTimeout, m.Library,
 		m.LoadBefore, m.LoadAfter)
 	fmt.Fprintln(w, "In peer rows, (x) is ours ÷ that library, same column: above 1 means ours is higher —")
 	fmt.Fprintln(w, "better for rates, worse for latencies, commands and allocations. \"spread\" is the")
