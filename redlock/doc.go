@@ -69,7 +69,9 @@
 // what concurrent rounds queued as one pipeline; the worker is started by
 // a round that finds none running and ends as soon as the queue is empty
 // (for a node that never answers, once the go-redis client's read timeout
-// fires: at once with ContextTimeoutEnabled). A waiting Acquire subscribes
+// fires: at once with ContextTimeoutEnabled). A Client of one node whose
+// *redis.Client has ContextTimeoutEnabled sends a round on the idle node
+// from the caller's goroutine instead (see New). A waiting Acquire subscribes
 // to release notices (WithReleaseNotices): one PubSub connection and two
 // goroutines per node, ended when no Acquire waits any more. A grant that
 // arrives after its round was released is handled in a goroutine that ends
