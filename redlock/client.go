@@ -431,7 +431,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 }
 
 // completeRound records a node's answer in its round. It runs in the
-// node's worker and never blocks.
+// node's worker (or an inline caller: sendInline) and never blocks.
 func completeRound(o *op) {
 	rs, spec, nd := o.rs, &o.rs.spec, o.nd
 	rep, err := spec.parse(o.res)

@@ -28,6 +28,8 @@ func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScrip
 // that finds none running and ends as soon as it finds the queue empty, so
 // an idle Client runs no goroutine (no linger: tests with goleak or
 // testing/synctest find none left), while under load the workers run on.
+// On a Client of one node whose client applies context deadlines, a round
+// that finds the node idle sends its op itself (sendInline).
 //
 // Per-lock semantics are unchanged: each op keeps its round's deadline (an
 // op whose deadline has passed when its turn comes is never sent), a
@@ -65,7 +67,8 @@ type op struct {
 	// Redis 7.0): useAlt switches to it.
 	alt bool
 	res *redis.Cmd
-	// complete is called by the worker once res is set; it must not block.
+	// complete is called by the worker (or an inline caller) once res is
+	// set; it must not block.
 	complete func(o *op)
 
 	// Round bookkeeping (client.go).
