@@ -67,12 +67,15 @@ type node struct {
 //
 // Every command for a node goes through that node's queue and worker
 // goroutine (auto-pipelining), so that a node that stops answering costs a
-// round the node timeout whatever the client's options. One exception:
-// when nodes is one *redis.Client with ContextTimeoutEnabled, go-redis
-// applies each round's deadline to its own I/O, and a round on the idle
-// node is sent from the caller's goroutine, without the handoff (1.18x the
-// acquire+release/s of one goroutine in a loop); a cancelled ctx then ends
-// such a call at the round's deadline (the node timeout), not at once.
+// round at most the node timeout whatever the client's options. One
+// exception: when nodes has exactly one element, a *redis.Client with
+// ContextTimeoutEnabled, a round that finds no other round in progress on
+// it is sent from the calling goroutine instead of being handed to the
+// node's worker and back (1.18x the acquire+release/s of one goroutine
+// locking in a loop, against the same code with the handoff); go-redis
+// then enforces the round's deadline on the I/O itself. Trade-off:
+// cancelling ctx does not interrupt such a send; the call returns when the
+// node answers, at the latest at the node timeout.
 //
 // A *redis.ClusterClient or *redis.Ring may stand for one node only if every
 // resource of a multi-resource lock maps to one hash slot (use hash tags):
