@@ -193,3 +193,60 @@ func TestInlineStoppedNodeIsBoundedByNodeTimeout(t *testing.T) {
 		t.Errorf("TryAcquire on a stopped node took %v, want well under the read timeout (bound %v)", took, bound)
 	}
 }
+
+// TestInlineDoAndWaitingAcquire: on one node sent inline, Do keeps its lock
+// past the TTL by extending it from its own goroutine, a rival's TryAcquire
+// never wins meanwhile, and a waiting Acquire of another Client gets the
+// lock once Do has released it.
+func TestInlineDoAndWaitingAcquire(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 1)
+	c := newClient(t, []redis.UniversalClient{ctxTimeoutClient(t, cl[0], 0)})
+	rival := newClient(t, []redis.UniversalClient{ctxTimeoutClient(t, cl[0], 0)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl = 300 * time.Millisecond
+	var rivalWins, rivalTries int
+	waiterGot := make(chan error, 1)
+	var doneAt time.Time
+	err := c.Do(ctx, []string{"r"}, ttl, func(runCtx context.Context) error {
+		go func() { // on the test's ctx: Do's ends when fn returns
+			l, err := rival.Acquire(ctx, []string{"r"}, ttl)
+			if err == nil {
+				err = l.Release(context.Background())
+			}
+			waiterGot <- err
+		}()
+		end := time.Now().Add(3 * ttl)
+		for time.Now().Before(end) {
+			if runCtx.Err() != nil {
+				return context.Cause(runCtx)
+			}
+			rivalTries++
+			if l, err := rival.TryAcquire(runCtx, []string{"r"}, ttl); err == nil {
+				rivalWins++
+				_ = l.Release(runCtx)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		doneAt = time.Now()
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Do = %v, want nil", err)
+	}
+	if rivalWins != 0 || rivalTries < 10 {
+		t.Errorf("rival won %d of %d tries while Do ran 3x TTL, want 0 of many", rivalWins, rivalTries)
+	}
+	if err := <-waiterGot; err != nil {
+		t.Errorf("waiting Acquire: %v, want the lock after Do", err)
+	}
+	if doneAt.IsZero() {
+		t.Error("Do's function did not run to its end")
+	}
+	waitSettled(t, c)
+	waitSettled(t, rival)
+	if keys := cl[0].Keys(t); len(keys) != 0 {
+		t.Errorf("keys left: %q", keys)
+	}
+}
