@@ -102,7 +102,9 @@ func TestInlineSendOnOneNode(t *testing.T) {
 func TestInlineNodeUnderConcurrency(t *testing.T) {
 	verifyNoLeaks(t)
 	cl := redlocktest.Start(t, 1)
-	c := newClient(t, []redis.UniversalClient{ctxTimeoutClient(t, cl[0], 0)})
+	// A generous node timeout: this test is about the handover, and under
+	// -race on a loaded machine a round may take more than 100 ms.
+	c := newClient(t, []redis.UniversalClient{ctxTimeoutClient(t, cl[0], 0)}, redlock.WithNodeTimeout(2*time.Second))
 	ctx := context.Background()
 	const workers, cycles = 16, 40
 	var holders, overlaps, shared atomic.Int32
