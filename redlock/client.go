@@ -280,18 +280,6 @@ type roundState struct {
 	// all collects every answer, also those after the decision, for
 	// spec.settled (nil without it).
 	all []NodeResult
-	alt []any // spec.alt's command, once built (altCmd)
-}
-
-// altCmd returns the round's script command spec.alt builds, building it
-// on first use: several nodes' workers may ask at once.
-func (rs *roundState) altCmd() []any {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if rs.alt == nil {
-		rs.alt = rs.spec.alt(rs.c, rs.spec.late)
-	}
-	return rs.alt
 }
 
 // roundSpec describes one quorum round: one script, with the same keys and
@@ -304,9 +292,9 @@ type roundSpec struct {
 	cmd     []any         // evalArgs(script, keys, args...), or a plain command
 	// alt, optional, builds the script command (evalArgs of altScript)
 	// that does what the plain command cmd does, for nodes that reject cmd
-	// as a syntax error (op.alt); l is late. It is a plain function, not a
-	// closure (no allocation per round), called at most once per round
-	// (roundState.altCmd).
+	// as a syntax error (op.alt); l is late. A plain function, not a
+	// closure: a closure cost an allocation per round, and alt is called
+	// only for such nodes.
 	alt       func(c *Client, l *Lock) []any
 	altScript *luaScript
 	parse     func(*redis.Cmd) (reply, error)

@@ -62,7 +62,7 @@ type op struct {
 	script   *luaScript      // cmd's script, for EVAL on NOSCRIPT; nil: cmd is not EVALSHA
 	cmd      []any           // the command, shared by a round's ops (evalArgs for a script)
 	// alt reports that cmd, a plain command, has a script form (the
-	// round's altCmd, EVALSHA of spec.altScript) that does what it does,
+	// round's spec.alt, EVALSHA of spec.altScript) that does what it does,
 	// for a node that rejects cmd as a syntax error (SET NX GET before
 	// Redis 7.0): useAlt switches to it.
 	alt bool
@@ -269,7 +269,8 @@ func (n *node) redo(o *op) bool {
 
 // useAlt makes o's command its script form (see op.alt).
 func (o *op) useAlt() {
-	o.script, o.cmd, o.alt = o.rs.spec.altScript, o.rs.altCmd(), false
+	spec := &o.rs.spec
+	o.script, o.cmd, o.alt = spec.altScript, spec.alt(o.rs.c, spec.late), false
 }
 
 // load loads script on n (SCRIPT LOAD), waiting at most the node timeout;
