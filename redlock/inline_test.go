@@ -219,20 +219,11 @@ func TestInlineDoAndWaitingAcquire(t *testing.T) {
 			}
 			waiterGot <- err
 		}()
-		end := time.Now().Add(3 * ttl)
-		for time.Now().Before(end) {
-			if runCtx.Err() != nil {
-				return context.Cause(runCtx)
-			}
-			rivalTries++
-			if l, err := rival.TryAcquire(runCtx, []string{"r"}, ttl); err == nil {
-				rivalWins++
-				_ = l.Release(runCtx)
-			}
-			time.Sleep(20 * time.Millisecond)
+		var err error
+		if rivalWins, rivalTries, err = rivalTryAcquire(runCtx, rival, "r", ttl, 3*ttl); err == nil {
+			doneAt = time.Now()
 		}
-		doneAt = time.Now()
-		return nil
+		return err
 	})
 	if err != nil {
 		t.Fatalf("Do = %v, want nil", err)

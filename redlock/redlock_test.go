@@ -512,6 +512,23 @@ func TestSingleNode(t *testing.T) {
 	}
 }
 
+// rivalTryAcquire has rival TryAcquire resource every 20 ms for d (each
+// win released at once) and returns its wins and tries, or ctx's cause if
+// ctx ends first (the run context of a Do that lost its lock).
+func rivalTryAcquire(ctx context.Context, rival *redlock.Client, resource string, ttl, d time.Duration) (wins, tries int, err error) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if ctx.Err() != nil {
+			return wins, tries, context.Cause(ctx)
+		}
+		tries++
+		if l, err := rival.TryAcquire(ctx, []string{resource}, ttl); err == nil {
+			wins++
+			_ = l.Release(ctx)
+		}
+	}
+	return wins, tries, nil
+}
+
 // verifyNoLeaks fails t if goroutines started during t outlive it and its
 // cleanups (servers, clients). Call it first, so its check runs last.
 func verifyNoLeaks(t *testing.T) {
@@ -529,19 +546,9 @@ func TestDoExtendsWhileRunning(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	var rivalWins, rivalTries int
 	err := c.Do(ctx, []string{"r"}, ttl, func(ctx context.Context) error {
-		end := time.Now().Add(3 * ttl)
-		for time.Now().Before(end) {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			rivalTries++
-			if l, err := rival.TryAcquire(ctx, []string{"r"}, ttl); err == nil {
-				rivalWins++
-				_ = l.Release(ctx)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		return nil
+		var err error
+		rivalWins, rivalTries, err = rivalTryAcquire(ctx, rival, "r", ttl, 3*ttl)
+		return err
 	})
 	if err != nil {
 		t.Fatalf("Do = %v, want nil", err)
