@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -407,12 +408,30 @@ func report(cfg config, out output, stdout io.Writer) error {
 	return nil
 }
 
+// startProfile starts a CPU profile of the whole process into the file
+// name under -cpuprofile's directory; stop ends it and closes the file.
+func (b *bench) startProfile(name string) (path string, stop func() error, err error) {
+	if err := os.MkdirAll(b.cfg.profile, 0o755); err != nil {
+		return "", nil, err
+	}
+	path = filepath.Join(b.cfg.profile, name)
+	f, err := os.Create(path)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return "", nil, err
+	}
+	return path, func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
 // profileOurs writes CPU profiles of one library alone (ours by default):
 // sequential and parallel acquire+release on 1 and 3 nodes.
 func (b *bench) profileOurs(ctx context.Context) error {
-	if err := os.MkdirAll(b.cfg.profile, 0o755); err != nil {
-		return err
-	}
 	for _, n := range []int{1, 3} {
 		if n > len(b.nodes) {
 			continue
@@ -434,13 +453,8 @@ func (b *bench) profileOurs(ctx context.Context) error {
 			} else {
 				parSegment(ctx, l, keys, b.cfg.warmup)
 			}
-			path := fmt.Sprintf("%s/%s-%s-%dnodes.pprof", b.cfg.profile, b.cfg.profLib, w, n)
-			f, err := os.Create(path)
+			path, stop, err := b.startProfile(fmt.Sprintf("%s-%s-%dnodes.pprof", b.cfg.profLib, w, n))
 			if err != nil {
-				return err
-			}
-			if err := pprof.StartCPUProfile(f); err != nil {
-				_ = f.Close()
 				return err
 			}
 			var ops int64
@@ -453,8 +467,7 @@ func (b *bench) profileOurs(ctx context.Context) error {
 			} else {
 				ops, _, el, lastErr = parSegment(ctx, l, keys, b.cfg.profDur)
 			}
-			pprof.StopCPUProfile()
-			if err := f.Close(); err != nil {
+			if err := stop(); err != nil {
 				return err
 			}
 			b.logf("profile %s: %d ops in %v (%.0f ops/s)", path, ops, el.Round(time.Millisecond), float64(ops)/el.Seconds())

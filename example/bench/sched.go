@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -153,18 +150,24 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 	cli0 := cnt.n.Load()
 	rcpu0 := nodes.cpu()
 	held0, other0 := held.Load(), other.Load()
-	stopProfile, err := b.profileWindow(fmt.Sprintf("ours-sched-%djobs.pprof", jobs))
-	if err != nil {
-		return err
+	stopProfile := func() error { return nil }
+	if b.cfg.profile != "" { // the window, for -cpuprofile
+		var path string
+		if path, stopProfile, err = b.startProfile(fmt.Sprintf("ours-sched-%djobs.pprof", jobs)); err != nil {
+			return err
+		}
+		b.logf("sched: profiling the window into %s", path)
 	}
 	w0 := time.Now()
 	inWindow.Store(true)
 	if err := sleepUntil(ctx, t1); err != nil {
-		stopProfile()
+		_ = stopProfile()
 		return err
 	}
 	wall := time.Since(w0)
-	stopProfile()
+	if err := stopProfile(); err != nil {
+		return err
+	}
 	inWindow.Store(false)
 	cpu := processCPU() - cpu0
 	srv1, err := nodes.commandCalls(ctx)
@@ -247,29 +250,4 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// profileWindow starts a CPU profile of the whole process into name under
-// -cpuprofile's directory and returns the function that stops it; without
-// -cpuprofile it does nothing.
-func (b *bench) profileWindow(name string) (stop func(), err error) {
-	if b.cfg.profile == "" {
-		return func() {}, nil
-	}
-	if err := os.MkdirAll(b.cfg.profile, 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.Create(filepath.Join(b.cfg.profile, name))
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	b.logf("sched: profiling the window into %s", f.Name())
-	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}, nil
 }
