@@ -601,13 +601,15 @@ func TestDoCancelsBeforeUntilWhenMajorityStops(t *testing.T) {
 }
 
 // TestNoScriptLoadsInSteadyState: scripts go out as EVALSHA; EVAL (the
-// NOSCRIPT fallback) runs once per script per node, on first use.
+// NOSCRIPT fallback) runs only while a node does not know a script yet.
 // TryAcquire of a plain lock sends SET NX GET, no script.
 func TestNoScriptLoadsInSteadyState(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
-	c := newClient(t, cl.Clients(t))
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes)
 	ctx := context.Background()
-	for range 50 {
+	cycle := func() {
+		t.Helper()
 		l, err := c.TryAcquire(ctx, []string{"r"}, time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -619,17 +621,37 @@ func TestNoScriptLoadsInSteadyState(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i, s := range cl {
-		info := s.Client(t).Info(ctx, "commandstats").Val()
-		evals, evalshas, sets := cmdCalls(info, "eval"), cmdCalls(info, "evalsha"), cmdCalls(info, "set")
-		if evals > 2 {
-			t.Errorf("node %d: %d EVAL calls for 2 scripts, want at most 2", i, evals)
+	// First use: every node learns both scripts through EVAL. A node that
+	// lags behind the quorum can get several ops of one script in one
+	// pipeline, each answered NOSCRIPT and re-sent as EVAL, so the count
+	// of first-use EVALs is not fixed; steady state is measured after it.
+	cycle()
+	waitFor(t, "both scripts on every node", func() bool {
+		for _, rdb := range nodes {
+			if cmdCalls(rdb.Info(ctx, "commandstats").Val(), "eval") < 2 {
+				return false
+			}
 		}
-		if evalshas < 100 {
-			t.Errorf("node %d: %d EVALSHA calls, want at least 100", i, evalshas)
+		return true
+	})
+	resetStats(t, nodes)
+	for range 50 {
+		cycle()
+	}
+	// Every node gets each cycle's three commands (a lagging one later):
+	// a SET for the TryAcquire, an EVALSHA for the Extend and the Release.
+	waitFor(t, "every command on every node", func() bool {
+		for _, rdb := range nodes {
+			info := rdb.Info(ctx, "commandstats").Val()
+			if cmdCalls(info, "evalsha") < 100 || cmdCalls(info, "set") < 50 {
+				return false
+			}
 		}
-		if sets < 50 {
-			t.Errorf("node %d: %d SET calls, want at least 50 (one per TryAcquire)", i, sets)
+		return true
+	})
+	for i, rdb := range nodes {
+		if evals := cmdCalls(rdb.Info(ctx, "commandstats").Val(), "eval"); evals > 0 {
+			t.Errorf("node %d: %d EVAL calls in steady state, want none", i, evals)
 		}
 	}
 }
