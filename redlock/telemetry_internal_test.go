@@ -19,14 +19,8 @@ import (
 // an SDK installed after New gets the spans of the Client's operations,
 // and keeps getting them after the original global provider is restored,
 // as otel's delegating tracers do. Not parallel: it installs a global
-// provider, which no other test in this package does. It runs once per
-// process: otel's global delegation cannot be undone (-count=2 skips the
-// second run).
+// provider, which no other test in this package does.
 func TestGlobalTracerBeforeAndAfterAnSDK(t *testing.T) {
-	if globalTracerTestRan {
-		t.Skip("otel's global provider was replaced by an earlier run of this test in this process")
-	}
-	globalTracerTestRan = true
 	if sdkSeen.Load() || otel.GetTracerProvider() != globalTracerProvider || globalTracerProvider == nil {
 		t.Fatal("otel's global tracer provider was replaced before this test")
 	}
@@ -82,7 +76,3 @@ func TestGlobalTracerBeforeAndAfterAnSDK(t *testing.T) {
 		t.Errorf("spans after the original global provider was restored = %v, want %v", got, want)
 	}
 }
-
-// globalTracerTestRan is set by the first run of
-// TestGlobalTracerBeforeAndAfterAnSDK in this process.
-var globalTracerTestRan bool
