@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
-	"reflect"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -16,17 +14,13 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/schedlock/schedlock/tracing"
 )
 
 // WithTracerProvider sets the OpenTelemetry tracer provider. Default: the
 // global provider (otel.GetTracerProvider), which records nothing until the
-// application installs an SDK (otel.SetTracerProvider, before or after
-// New). Until then an operation whose ctx carries no recording span starts
-// no span of its own: it would record nothing, and cost two allocations.
-// nil means the default.
+// application installs an SDK. nil means the default.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return clientOption(func(c *config) { c.tracerProvider = tp })
 }
@@ -59,7 +53,6 @@ type telemetry struct {
 	tracer        trace.Tracer
 	hideResources bool
 	nodeSpans     bool
-	global        bool // tracer is from otel's delegating global provider (untraced)
 
 	acquireDur, roundDur, holdDur  metric.Float64Histogram
 	contention, lost, extendFailed metric.Int64Counter
@@ -75,12 +68,8 @@ func newTelemetry(cfg config) (*telemetry, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	if otel.GetTracerProvider() != globalTracerProvider {
-		sdkSeen.Store(true)
-	}
 	t := &telemetry{
 		tracer:        tp.Tracer(tracing.ScopeRedlock, trace.WithInstrumentationVersion(tracing.Version)),
-		global:        globalTracerProvider != nil && tp == globalTracerProvider,
 		hideResources: cfg.hideResources,
 		nodeSpans:     cfg.nodeSpans,
 	}
@@ -116,9 +105,6 @@ func newTelemetry(cfg config) (*telemetry, error) {
 
 // startOp starts an operation span.
 func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
-	if t.untraced(ctx) {
-		return ctx, quietSpan
-	}
 	ctx, span := t.tracer.Start(ctx, name, spanKindInternal...)
 	if span.IsRecording() {
 		if !t.hideResources {
@@ -129,54 +115,6 @@ func (t *telemetry) startOp(ctx context.Context, name string, resources []string
 		}
 	}
 	return ctx, span
-}
-
-// untraced reports that a span started now under ctx would record nothing
-// and carry only ctx's span context: the tracer comes from otel's global
-// provider, no SDK has been installed there yet (otel.SetTracerProvider),
-// and ctx's span records nothing. The global tracer's non-recording span
-// cost two allocations and 6% of the client's CPU at 64 goroutines on 3
-// nodes (docs/benchmarks.md); quietSpan does what it would, and the
-// caller's ctx already carries the span context it would carry.
-//
-// Once any other global provider has been seen, never again: installing
-// one makes the delegating provider delegate for good, also if the
-// application later restores it as the global one. (An SDK installed and
-// replaced by the original provider between two operations goes unseen:
-// its spans from this package are lost, as the application meant.)
-func (t *telemetry) untraced(ctx context.Context) bool {
-	if !t.global || sdkSeen.Load() {
-		return false
-	}
-	if otel.GetTracerProvider() != globalTracerProvider {
-		sdkSeen.Store(true)
-		return false
-	}
-	return !trace.SpanFromContext(ctx).IsRecording()
-}
-
-// sdkSeen is set once otel's global tracer provider was seen to be other
-// than globalTracerProvider (untraced).
-var sdkSeen atomic.Bool
-
-// quietSpan stands for an operation span that would record nothing
-// (untraced): every call on it is a no-op.
-var quietSpan trace.Span = &noop.Span{}
-
-// globalTracerProvider is otel's global tracer provider as it is until an
-// SDK is installed: a delegating provider, whose tracers return
-// non-recording spans until then and delegate after. nil when a provider
-// was installed before this package was initialised.
-var globalTracerProvider = delegatingProvider(otel.GetTracerProvider())
-
-// delegatingProvider returns tp when it is otel's internal delegating
-// provider, else nil.
-func delegatingProvider(tp trace.TracerProvider) trace.TracerProvider {
-	if typ := reflect.TypeOf(tp); typ != nil && typ.Kind() == reflect.Pointer &&
-		typ.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global" {
-		return tp
-	}
-	return nil
 }
 
 // spanKindInternal is built once, as the slice that Start's variadic
