@@ -53,6 +53,9 @@ type node struct {
 	// applies the round's deadline to its own I/O, and with one node no
 	// other node's answer could decide the round while this one is slow.
 	inline bool
+	// raw: the client is a *redis.Client, and plain commands go as
+	// RawCmds (pipeline.go, sendsRaw).
+	raw bool
 	// work is the method value n.drain, made once: "go n.work()" would
 	// allocate it at each worker's start (a sequential caller starts one
 	// per command).
@@ -76,6 +79,12 @@ type node struct {
 // then enforces the round's deadline on the I/O itself. Trade-off:
 // cancelling ctx does not interrupt such a send; the call returns when the
 // node answers, at the latest at the node timeout.
+//
+// go-redis hooks on a *redis.Client node see TryAcquire's SET NX GET as a
+// *redis.RawCmd (its reply is read raw: go-redis would otherwise run its
+// retry classifier on the nil reply that means "granted", 17 allocations
+// per node; docs/design.md); an error reply to it is sent once more as a
+// *redis.Cmd, so that go-redis handles it as usual.
 //
 // A *redis.ClusterClient or *redis.Ring may stand for one node only if every
 // resource of a multi-resource lock maps to one hash slot (use hash tags):
@@ -138,8 +147,9 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 		c.nodes[i].idx, c.nodes[i].rdb, c.nodes[i].addr = i, rdb, addr
 		c.nodes[i].timeout = cfg.nodeTimeout
 		c.nodes[i].work = c.nodes[i].drain
-		if rc, ok := rdb.(*redis.Client); ok && len(nodes) == 1 {
-			c.nodes[i].inline = rc.Options().ContextTimeoutEnabled
+		if rc, ok := rdb.(*redis.Client); ok {
+			c.nodes[i].raw = true
+			c.nodes[i].inline = len(nodes) == 1 && rc.Options().ContextTimeoutEnabled
 		}
 	}
 	return c, nil

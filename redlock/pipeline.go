@@ -1,8 +1,12 @@
 package redlock
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,9 +68,14 @@ type op struct {
 	// alt reports that cmd, a plain command, has a script form (the
 	// round's spec.alt, EVALSHA of spec.altScript) that does what it does,
 	// for a node that rejects cmd as a syntax error (SET NX GET before
-	// Redis 7.0): useAlt switches to it.
+	// Redis 7.0): useAlt switches to it. The one such command, SET NX
+	// GET, is also the one whose reply is read raw (sendsRaw).
 	alt bool
 	res *redis.Cmd
+	// raw is cmd sent as a RawCmd (sendsRaw), until cook sets res from
+	// it; cooked: cook has run, cmd goes with Do from then on.
+	raw    *redis.RawCmd
+	cooked bool
 	// complete is called by the worker (or an inline caller) once res is
 	// set; it must not block.
 	complete func(o *op)
@@ -201,6 +210,13 @@ func (n *node) send(batch []*op) {
 // sendOne sends one op with its own context, and again in the form that
 // the node's answer asks for (redo).
 func (n *node) sendOne(o *op) {
+	if n.sendsRaw(o) {
+		o.raw = redis.NewRawCmd(o.ctx, o.cmd...)
+		_ = n.rdb.Process(o.ctx, o.raw)
+		if o.cook() && !n.redo(o) {
+			return
+		}
+	}
 	for {
 		o.res = n.rdb.Do(o.ctx, o.cmd...)
 		if !n.redo(o) {
@@ -215,18 +231,103 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	for len(batch) > 0 {
 		pipe := n.rdb.Pipeline()
 		for _, o := range batch {
-			o.res = pipe.Do(ctx, o.cmd...)
+			if n.sendsRaw(o) {
+				o.raw = redis.NewRawCmd(ctx, o.cmd...)
+				_ = pipe.Process(ctx, o.raw)
+			} else {
+				o.res = pipe.Do(ctx, o.cmd...)
+			}
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []*op
 		for _, o := range batch {
-			if n.redo(o) {
+			if o.raw != nil && !o.cook() || n.redo(o) {
 				again = append(again, o)
 			}
 		}
 		batch = again
 	}
 }
+
+// Raw replies. SET NX GET, TryAcquire's plain command, answers nil when
+// it sets the key, and go-redis, reading that nil as redis.Nil for Do,
+// runs its retry classifier on it (shouldRetry: a dozen errors.As, 17
+// allocations per node and acquisition, docs/design.md). Read as a RawCmd
+// the same reply is bytes and no error. cook takes the two replies SET NX
+// GET gives, nil and a bulk string, and leaves an error reply (a syntax
+// error from a server before 7.0, LOADING, READONLY, OOM) to be sent
+// again with Do, so that go-redis handles it as it always does: retries,
+// and a connection to a demoted master dropped. An error reply means the
+// command did not run, so sending it again is safe; a command that ran is
+// never sent again. Only SET NX GET goes raw (op.alt: scripts answer
+// arrays and integers, never nil), and only to a *redis.Client
+// (node.raw): a cluster client redirects on MOVED and ASK error replies,
+// which a RawCmd does not report as errors.
+
+// sendsRaw reports whether o goes as a RawCmd: SET NX GET (o.alt), on a
+// node whose client is a *redis.Client, not yet left for Do by cook.
+func (n *node) sendsRaw(o *op) bool { return n.raw && o.alt && !o.cooked }
+
+// cook sets o.res from o.raw, the reply of o's SET NX GET read raw, and
+// reports whether it did: redis.Nil for a nil reply (as Do gives it), the
+// string of a bulk string, or the error go-redis returned (of the
+// connection or the context, after its retries, as for Do). An error reply
+// before o's end is left for Do: cook returns false, and o goes as a
+// RawCmd no more. After o's end an error reply becomes an error that
+// redis.HasErrorPrefix reads, as Do's would; any other reply (none is
+// known) an error that quotes it.
+func (o *op) cook() bool {
+	b, err := o.raw.Result()
+	o.raw, o.cooked = nil, true
+	o.res = redis.NewCmd(o.ctx, o.cmd...)
+	errReply := len(b) > 0 && (b[0] == '-' || b[0] == '!') // RESP2/3 error, RESP3 blob error
+	switch v, ok := rawBulk(b); {
+	case err != nil:
+		o.res.SetErr(err)
+	case ok && v == nil:
+		o.res.SetErr(redis.Nil)
+	case ok:
+		o.res.SetVal(string(v))
+	case errReply && o.ended(time.Now()) == nil:
+		o.res = nil
+		return false
+	case errReply && b[0] == '-':
+		o.res.SetErr(replyError(strings.TrimRight(string(b[1:]), "\r\n")))
+	default:
+		o.res.SetErr(fmt.Errorf("redlock: unexpected reply %q to %v", b, o.cmd[0]))
+	}
+	return true
+}
+
+// rawBulk parses b, one RESP reply, as a bulk string: ok is true for a
+// nil reply (v nil: "$-1" in RESP2, "_" in RESP3) and for a bulk string
+// (v its bytes, not nil), false for any other reply or malformed bytes.
+func rawBulk(b []byte) (v []byte, ok bool) {
+	switch {
+	case string(b) == "$-1\r\n" || string(b) == "_\r\n":
+		return nil, true
+	case len(b) < 4 || b[0] != '$':
+		return nil, false
+	}
+	i := bytes.Index(b, []byte("\r\n"))
+	if i < 0 {
+		return nil, false
+	}
+	n, err := strconv.Atoi(string(b[1:i]))
+	if err != nil || n < 0 || len(b) != i+2+n+2 || string(b[i+2+n:]) != "\r\n" {
+		return nil, false
+	}
+	return b[i+2 : i+2+n : i+2+n], true
+}
+
+// replyError is an error reply of a node, as go-redis's own: it satisfies
+// redis.Error, so that redis.HasErrorPrefix reads it.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+
+// RedisError marks replyError as a Redis error reply (redis.Error).
+func (replyError) RedisError() {}
 
 // redo reports whether o must be sent again, and changes its command for
 // that: a script the node did not know (NOSCRIPT, after SCRIPT FLUSH or a

@@ -833,3 +833,75 @@ func TestNodeSlowerThanNodeTimeoutIsCleaned(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorReplyToSetNXGet: TryAcquire's SET NX GET goes out with its
+// reply read raw (pipeline.go, cook), and an error reply, here OOM from a
+// node over its maxmemory, goes out once more the ordinary way: the caller
+// gets go-redis's error, which redis.HasErrorPrefix reads, and nothing is
+// sent a third time.
+func TestErrorReplyToSetNXGet(t *testing.T) {
+	cl := redlocktest.Start(t, 1)
+	rdb := cl.Clients(t)[0]
+	c := newClient(t, []redis.UniversalClient{rdb})
+	ctx := context.Background()
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	resetStats(t, []redis.UniversalClient{rdb})
+	check := func(err error) {
+		t.Helper()
+		var qerr *redlock.QuorumError
+		if !errors.As(err, &qerr) {
+			t.Fatalf("TryAcquire on a node over its maxmemory: %v, want a *QuorumError", err)
+		}
+		if r := qerr.Nodes[0]; r.Outcome != redlock.OutcomeError || !redis.HasErrorPrefix(r.Err, "OOM") {
+			t.Errorf("node 0: outcome %v, error %v; want %v with the node's OOM error reply", r.Outcome, r.Err, redlock.OutcomeError)
+		}
+	}
+	// One alone (sendOne), then several at once (some in one pipeline).
+	_, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+	check(err)
+	const n = 16
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { _, errs[i] = c.TryAcquire(ctx, []string{fmt.Sprint("r", i)}, time.Minute) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		check(err)
+	}
+	waitSettled(t, c)
+	info := rdb.Info(ctx, "commandstats").Val()
+	if got, want := cmdStat(info, "set", "rejected_calls"), 2*(n+1); got != want {
+		t.Errorf("SET rejected %d times for %d TryAcquires, want %d: once raw, once with Do", got, n+1, want)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+	if err != nil {
+		t.Fatalf("TryAcquire after the node has memory again: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cmdStat returns the field (calls, rejected_calls, ...) of cmdstat_<name>
+// in INFO commandstats output, 0 when absent.
+func cmdStat(info, name, field string) int {
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, field+"="); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+	}
+	return 0
+}

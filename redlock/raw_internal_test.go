@@ -1,0 +1,86 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestRawBulk: rawBulk takes nil (RESP2 and RESP3) and bulk strings, and
+// nothing else, also not a bulk string whose length does not match.
+func TestRawBulk(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		want   string
+		isNil  bool
+		wantOK bool
+	}{
+		{in: "$-1\r\n", isNil: true, wantOK: true},
+		{in: "_\r\n", isNil: true, wantOK: true},
+		{in: "$5\r\nab-cd\r\n", want: "ab-cd", wantOK: true},
+		{in: "$0\r\n\r\n", want: "", wantOK: true},
+		{in: "$4\r\na\r\nb\r\n", want: "a\r\nb", wantOK: true},
+		{in: "$5\r\nab\r\n"}, // short
+		{in: "$1\r\nab\r\n"}, // long
+		{in: "$2\r\nabxx"},   // no CRLF after the payload
+		{in: "$x\r\nab\r\n"}, // no length
+		{in: "$-2\r\n"},      // negative length
+		{in: "-ERR syntax error\r\n"},
+		{in: "+OK\r\n"},
+		{in: ":1\r\n"},
+		{in: "*-1\r\n"},
+		{in: ""},
+	} {
+		v, ok := rawBulk([]byte(tc.in))
+		if ok != tc.wantOK || (v == nil) != (tc.isNil || !tc.wantOK) || string(v) != tc.want {
+			t.Errorf("rawBulk(%q) = %q (nil %v), %v; want %q (nil %v), %v", tc.in, v, v == nil, ok, tc.want, tc.isNil, tc.wantOK)
+		}
+	}
+}
+
+// TestCook: what cook makes of each raw reply, before and after the op's
+// end. Only an error reply before the end is left for Do.
+func TestCook(t *testing.T) {
+	past, future := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+	cmd := []any{"set", "k", "v", "px", 1000, "nx", "get"}
+	cook := func(reply string, err error, deadline time.Time) (*op, bool) {
+		raw := redis.NewRawCmd(context.Background(), cmd...)
+		if err != nil {
+			raw.SetErr(err)
+		} else {
+			raw.SetVal([]byte(reply))
+		}
+		o := &op{ctx: context.Background(), deadline: deadline, cmd: cmd, alt: true, raw: raw}
+		done := o.cook()
+		if o.raw != nil || !o.cooked {
+			t.Errorf("cook(%q): raw %v, cooked %v; want nil, true", reply, o.raw, o.cooked)
+		}
+		return o, done
+	}
+	for _, deadline := range []time.Time{past, future} {
+		if o, done := cook("_\r\n", nil, deadline); !done || !errors.Is(o.res.Err(), redis.Nil) {
+			t.Errorf("nil reply: done %v, %v; want true, redis.Nil", done, o.res.Err())
+		}
+		if o, done := cook("$3\r\nabc\r\n", nil, deadline); !done || o.res.Val() != "abc" || o.res.Err() != nil {
+			t.Errorf("bulk reply: done %v, %v, %v; want true, abc, nil", done, o.res.Val(), o.res.Err())
+		}
+		broken := errors.New("connection reset")
+		if o, done := cook("", broken, deadline); !done || !errors.Is(o.res.Err(), broken) {
+			t.Errorf("go-redis error: done %v, %v; want true, %v", done, o.res.Err(), broken)
+		}
+		if o, done := cook(":1\r\n", nil, deadline); !done || o.res.Err() == nil || !strings.Contains(o.res.Err().Error(), `":1\r\n"`) {
+			t.Errorf("unexpected reply: done %v, %v; want true and an error that quotes it", done, o.res.Err())
+		}
+	}
+	if o, done := cook("-ERR syntax error\r\n", nil, future); done || o.res != nil {
+		t.Errorf("error reply before the end: done %v, res %v; want false, nil (sent again with Do)", done, o.res)
+	}
+	o, done := cook("-ERR syntax error\r\n", nil, past)
+	if err := o.res.Err(); !done || !redis.HasErrorPrefix(err, "syntax error") || err.Error() != "ERR syntax error" {
+		t.Errorf("error reply after the end: done %v, %v; want true and the reply as a Redis error", done, err)
+	}
+}
