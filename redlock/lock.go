@@ -439,9 +439,10 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		// hold this new value yet, so the script's extra cases (our own
 		// key from a lost reply, reentrancy, fencing, gating) cannot
 		// arise, and Redis runs a plain command 2-3x faster than a script.
-		// (Sent alone, its nil reply costs go-redis 17 allocations per
-		// node in its retry classifier; the script instead cost about 12%
-		// of the sequential ops/s on 3 nodes, docs/design.md.)
+		// (Its reply is read raw, so that go-redis's retry classifier
+		// never sees the nil that means granted, 17 allocations per node:
+		// pipeline.go, cook. The script instead cost about 12% of the
+		// sequential ops/s on 3 nodes, docs/design.md.)
 		// It returns the holder's value like the script, but not its
 		// TTL, which only a waiting Acquire needs (its wait is stretched
 		// to the holder's expiry: without it a contended Acquire polled
