@@ -87,7 +87,10 @@ func TestRetriedReentrantAcquireCountsOnce(t *testing.T) {
 	}
 }
 
-// newMiniClient returns a Client over three fresh miniredis nodes.
+// newMiniClient returns a Client over three fresh miniredis nodes, with a
+// node timeout of 2 s: its tests are about what the scripts leave, and
+// under -race on a loaded 2-core machine a round on three nodes has taken
+// more than the default 100 ms (a Release timed out on every node).
 func newMiniClient(t *testing.T) (*Client, []*miniredis.Miniredis) {
 	t.Helper()
 	var nodes []redis.UniversalClient
@@ -98,7 +101,7 @@ func newMiniClient(t *testing.T) (*Client, []*miniredis.Miniredis) {
 		t.Cleanup(func() { rdb.Close() })
 		nodes, ms = append(nodes, rdb), append(ms, m)
 	}
-	c, err := New(nodes)
+	c, err := New(nodes, WithNodeTimeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
