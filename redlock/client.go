@@ -81,10 +81,12 @@ type node struct {
 // node answers, at the latest at the node timeout.
 //
 // go-redis hooks on a *redis.Client node see TryAcquire's SET NX GET as a
-// *redis.RawCmd (its reply is read raw: go-redis would otherwise run its
-// retry classifier on the nil reply that means "granted", 17 allocations
-// per node; docs/design.md); an error reply to it is sent once more as a
-// *redis.Cmd, so that go-redis handles it as usual.
+// *redis.RawCmd whose error replies are bytes, not errors (its reply is
+// read raw: go-redis would otherwise run its retry classifier on the nil
+// reply that means "granted", 17 allocations per node; docs/design.md). An
+// error reply that go-redis retries (LOADING, READONLY, ...) to a command
+// sent alone goes once more as a *redis.Cmd, which go-redis retries as
+// usual; any other error reply is the node's error.
 //
 // A *redis.ClusterClient or *redis.Ring may stand for one node only if every
 // resource of a multi-resource lock maps to one hash slot (use hash tags):

@@ -40,10 +40,10 @@ func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScrip
 // pipeline runs under the latest deadline of its ops (never one op's
 // cancellation: the others still wait for it), and batches go out one at
 // a time in queue order, so that on each node a release sent after an
-// acquire runs after it (lateGrant relies on it). The one exception, an
-// op re-sent in another form (redo: EVAL after NOSCRIPT, the script after
-// a rejected SET NX GET) behind the rest of its batch, is caught by
-// lateGrant, which checks that the last release ran there.
+// acquire runs after it (lateGrant relies on it). An op re-sent in
+// another form (redo: EVAL after NOSCRIPT, the script after a rejected SET
+// NX GET) goes behind the rest of its batch, so only when no later op of
+// the batch names one of its keys (sendPipeline).
 
 // nodeQueue holds the ops waiting for one node.
 type nodeQueue struct {
@@ -213,7 +213,7 @@ func (n *node) sendOne(o *op) {
 	if n.sendsRaw(o) {
 		o.raw = redis.NewRawCmd(o.ctx, o.cmd...)
 		_ = n.rdb.Process(o.ctx, o.raw)
-		if o.cook() && !n.redo(o) {
+		if o.cook(true) && !n.redo(o) {
 			return
 		}
 	}
@@ -226,9 +226,18 @@ func (n *node) sendOne(o *op) {
 }
 
 // sendPipeline sends batch as one pipeline, then the ops that the node
-// asked to get in another form (redo) as another pipeline, in order.
+// asked to get in another form (redo) as another pipeline, in order. An
+// op sent again goes after the ops that followed it in its batch, so one
+// that shares a key with any of them is not sent again and keeps its
+// error: no command may pass another on the same key (an acquire re-sent
+// after the undo queued behind it would grant a key that nothing deletes
+// before its TTL). Nor is one sent again once its end has passed (while
+// redo loaded a script, say).
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
-	for len(batch) > 0 {
+	for first := true; len(batch) > 0; first = false {
+		if !first {
+			batch = dropEnded(batch)
+		}
 		pipe := n.rdb.Pipeline()
 		for _, o := range batch {
 			if n.sendsRaw(o) {
@@ -240,8 +249,11 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []*op
-		for _, o := range batch {
-			if o.raw != nil && !o.cook() || n.redo(o) {
+		for i, o := range batch {
+			if o.raw != nil {
+				o.cook(false)
+			}
+			if n.redo(o) && !sharesKey(o, batch[i+1:]) {
 				again = append(again, o)
 			}
 		}
@@ -249,20 +261,66 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	}
 }
 
+// dropEnded gives the ops of batch whose end has passed that error, and
+// returns the others.
+func dropEnded(batch []*op) []*op {
+	now := time.Now()
+	live := batch[:0]
+	for _, o := range batch {
+		if err := o.ended(now); err != nil {
+			o.res = redis.NewCmd(o.ctx, o.cmd...)
+			o.res.SetErr(err)
+			continue
+		}
+		live = append(live, o)
+	}
+	return live
+}
+
+// sharesKey reports whether o's command names a key that one of later's
+// commands names too.
+func sharesKey(o *op, later []*op) bool {
+	for _, k := range cmdKeys(o.cmd) {
+		for _, p := range later {
+			if slices.Contains(cmdKeys(p.cmd), k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// cmdKeys returns the keys that cmd names: SET's key, or the numkeys keys
+// of EVAL and EVALSHA (evalArgs); nil for anything else.
+func cmdKeys(cmd []any) []any {
+	if len(cmd) > 1 && cmd[0] == "set" {
+		return cmd[1:2]
+	}
+	if len(cmd) > 2 && (cmd[0] == "evalsha" || cmd[0] == "eval") {
+		if nk, ok := cmd[2].(int); ok && nk >= 0 && 3+nk <= len(cmd) {
+			return cmd[3 : 3+nk]
+		}
+	}
+	return nil
+}
+
 // Raw replies. SET NX GET, TryAcquire's plain command, answers nil when
 // it sets the key, and go-redis, reading that nil as redis.Nil for Do,
 // runs its retry classifier on it (shouldRetry: a dozen errors.As, 17
 // allocations per node and acquisition, docs/design.md). Read as a RawCmd
-// the same reply is bytes and no error. cook takes the two replies SET NX
-// GET gives, nil and a bulk string, and leaves an error reply (a syntax
-// error from a server before 7.0, LOADING, READONLY, OOM) to be sent
-// again with Do, so that go-redis handles it as it always does: retries,
-// and a connection to a demoted master dropped. An error reply means the
-// command did not run, so sending it again is safe; a command that ran is
-// never sent again. Only SET NX GET goes raw (op.alt: scripts answer
-// arrays and integers, never nil), and only to a *redis.Client
-// (node.raw): a cluster client redirects on MOVED and ASK error replies,
-// which a RawCmd does not report as errors.
+// the same reply is bytes and no error, and cook parses it: nil, a bulk
+// string, or an error reply, which becomes the op's error as Do would
+// make it. Only where Do would have sent the command again by itself, for
+// an error reply that go-redis retries (LOADING, READONLY, ...: replies to
+// commands that did not run), does cook leave it to Do, so that go-redis
+// handles it as it always does: its retries, and a connection to a
+// demoted master dropped; and only for an op sent alone (sendOne), as Do
+// retries no error reply within a pipeline either. Any other error reply
+// may come from a proxy after the command ran, and is never sent again by
+// cook. Only SET NX GET goes raw (op.alt: scripts answer arrays and
+// integers, never nil), and only to a *redis.Client (node.raw): a cluster
+// client redirects on MOVED and ASK error replies, which a RawCmd does not
+// report as errors.
 
 // sendsRaw reports whether o goes as a RawCmd: SET NX GET (o.alt), on a
 // node whose client is a *redis.Client, not yet left for Do by cook.
@@ -270,17 +328,16 @@ func (n *node) sendsRaw(o *op) bool { return n.raw && o.alt && !o.cooked }
 
 // cook sets o.res from o.raw, the reply of o's SET NX GET read raw, and
 // reports whether it did: redis.Nil for a nil reply (as Do gives it), the
-// string of a bulk string, or the error go-redis returned (of the
-// connection or the context, after its retries, as for Do). An error reply
-// before o's end is left for Do: cook returns false, and o goes as a
-// RawCmd no more. After o's end an error reply becomes an error that
-// redis.HasErrorPrefix reads, as Do's would; any other reply (none is
-// known) an error that quotes it.
-func (o *op) cook() bool {
+// string of a bulk string, the error go-redis returned (of the connection
+// or the context, after its retries, as for Do), or an error reply as an
+// error that redis.HasErrorPrefix reads (any other reply, none known, as
+// an error that quotes it). With resend, an error reply that go-redis
+// retries is left for Do before o's end: cook returns false. Either way o
+// goes as a RawCmd no more.
+func (o *op) cook(resend bool) bool {
 	b, err := o.raw.Result()
 	o.raw, o.cooked = nil, true
 	o.res = redis.NewCmd(o.ctx, o.cmd...)
-	errReply := len(b) > 0 && (b[0] == '-' || b[0] == '!') // RESP2/3 error, RESP3 blob error
 	switch v, ok := rawBulk(b); {
 	case err != nil:
 		o.res.SetErr(err)
@@ -288,15 +345,26 @@ func (o *op) cook() bool {
 		o.res.SetErr(redis.Nil)
 	case ok:
 		o.res.SetVal(string(v))
-	case errReply && o.ended(time.Now()) == nil:
+	case len(b) == 0 || b[0] != '-':
+		o.res.SetErr(fmt.Errorf("redlock: unexpected reply %q to %v", b, o.cmd[0]))
+	case resend && retriedReply(b) && o.ended(time.Now()) == nil:
 		o.res = nil
 		return false
-	case errReply && b[0] == '-':
-		o.res.SetErr(replyError(strings.TrimRight(string(b[1:]), "\r\n")))
 	default:
-		o.res.SetErr(fmt.Errorf("redlock: unexpected reply %q to %v", b, o.cmd[0]))
+		o.res.SetErr(replyError(strings.TrimRight(string(b[1:]), "\r\n")))
 	}
 	return true
+}
+
+// retriedReplies are the error replies that go-redis's Do retries
+// (shouldRetry in go-redis v9 error.go): all say that the command did not
+// run.
+var retriedReplies = []string{"-LOADING ", "-READONLY ", "-MASTERDOWN ", "-NOREPLICAS ",
+	"-TRYAGAIN ", "-CLUSTERDOWN ", "-ERR max number of clients reached"}
+
+// retriedReply reports whether b, an error reply, is one of retriedReplies.
+func retriedReply(b []byte) bool {
+	return slices.ContainsFunc(retriedReplies, func(p string) bool { return bytes.HasPrefix(b, []byte(p)) })
 }
 
 // rawBulk parses b, one RESP reply, as a bulk string: ok is true for a

@@ -3,6 +3,7 @@ package redlock
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +44,13 @@ func TestRawBulk(t *testing.T) {
 }
 
 // TestCook: what cook makes of each raw reply, before and after the op's
-// end. Only an error reply before the end is left for Do.
+// end, for an op sent alone (resend) and in a pipeline. Only an error
+// reply that go-redis's Do retries, to an op sent alone, before its end,
+// is left for Do.
 func TestCook(t *testing.T) {
 	past, future := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
 	cmd := []any{"set", "k", "v", "px", 1000, "nx", "get"}
-	cook := func(reply string, err error, deadline time.Time) (*op, bool) {
+	cook := func(reply string, err error, deadline time.Time, resend bool) (*op, bool) {
 		raw := redis.NewRawCmd(context.Background(), cmd...)
 		if err != nil {
 			raw.SetErr(err)
@@ -55,32 +58,68 @@ func TestCook(t *testing.T) {
 			raw.SetVal([]byte(reply))
 		}
 		o := &op{ctx: context.Background(), deadline: deadline, cmd: cmd, alt: true, raw: raw}
-		done := o.cook()
+		done := o.cook(resend)
 		if o.raw != nil || !o.cooked {
 			t.Errorf("cook(%q): raw %v, cooked %v; want nil, true", reply, o.raw, o.cooked)
 		}
 		return o, done
 	}
 	for _, deadline := range []time.Time{past, future} {
-		if o, done := cook("_\r\n", nil, deadline); !done || !errors.Is(o.res.Err(), redis.Nil) {
-			t.Errorf("nil reply: done %v, %v; want true, redis.Nil", done, o.res.Err())
-		}
-		if o, done := cook("$3\r\nabc\r\n", nil, deadline); !done || o.res.Val() != "abc" || o.res.Err() != nil {
-			t.Errorf("bulk reply: done %v, %v, %v; want true, abc, nil", done, o.res.Val(), o.res.Err())
-		}
-		broken := errors.New("connection reset")
-		if o, done := cook("", broken, deadline); !done || !errors.Is(o.res.Err(), broken) {
-			t.Errorf("go-redis error: done %v, %v; want true, %v", done, o.res.Err(), broken)
-		}
-		if o, done := cook(":1\r\n", nil, deadline); !done || o.res.Err() == nil || !strings.Contains(o.res.Err().Error(), `":1\r\n"`) {
-			t.Errorf("unexpected reply: done %v, %v; want true and an error that quotes it", done, o.res.Err())
+		for _, resend := range []bool{false, true} {
+			if o, done := cook("_\r\n", nil, deadline, resend); !done || !errors.Is(o.res.Err(), redis.Nil) {
+				t.Errorf("nil reply: done %v, %v; want true, redis.Nil", done, o.res.Err())
+			}
+			if o, done := cook("$3\r\nabc\r\n", nil, deadline, resend); !done || o.res.Val() != "abc" || o.res.Err() != nil {
+				t.Errorf("bulk reply: done %v, %v, %v; want true, abc, nil", done, o.res.Val(), o.res.Err())
+			}
+			broken := errors.New("connection reset")
+			if o, done := cook("", broken, deadline, resend); !done || !errors.Is(o.res.Err(), broken) {
+				t.Errorf("go-redis error: done %v, %v; want true, %v", done, o.res.Err(), broken)
+			}
+			if o, done := cook(":1\r\n", nil, deadline, resend); !done || o.res.Err() == nil || !strings.Contains(o.res.Err().Error(), `":1\r\n"`) {
+				t.Errorf("unexpected reply: done %v, %v; want true and an error that quotes it", done, o.res.Err())
+			}
+			// Not retried by go-redis: may come from a proxy after the
+			// command ran, so it is never sent again.
+			for _, reply := range []string{"-ERR syntax error\r\n", "-OOM command not allowed\r\n", "-ERR proxy: upstream timed out\r\n"} {
+				o, done := cook(reply, nil, deadline, resend)
+				var rerr redis.Error
+				if want := strings.TrimSuffix(reply[1:], "\r\n"); !done || !errors.As(o.res.Err(), &rerr) || o.res.Err().Error() != want {
+					t.Errorf("error reply %q: done %v, %v; want true and the reply as a Redis error", reply, done, o.res.Err())
+				}
+			}
 		}
 	}
-	if o, done := cook("-ERR syntax error\r\n", nil, future); done || o.res != nil {
-		t.Errorf("error reply before the end: done %v, res %v; want false, nil (sent again with Do)", done, o.res)
+	retried := "-READONLY You can't write against a read only replica.\r\n"
+	if o, done := cook(retried, nil, future, true); done || o.res != nil {
+		t.Errorf("retried error reply, alone, before the end: done %v, res %v; want false, nil (sent again with Do)", done, o.res)
 	}
-	o, done := cook("-ERR syntax error\r\n", nil, past)
-	if err := o.res.Err(); !done || !redis.HasErrorPrefix(err, "syntax error") || err.Error() != "ERR syntax error" {
-		t.Errorf("error reply after the end: done %v, %v; want true and the reply as a Redis error", done, err)
+	for _, tc := range []struct {
+		deadline time.Time
+		resend   bool
+	}{{future, false}, {past, true}, {past, false}} {
+		o, done := cook(retried, nil, tc.deadline, tc.resend)
+		if err := o.res.Err(); !done || !redis.HasErrorPrefix(err, "READONLY") {
+			t.Errorf("retried error reply, resend %v, ended %v: done %v, %v; want true and the reply as a Redis error", tc.resend, tc.deadline == past, done, err)
+		}
+	}
+}
+
+// TestCmdKeys: the keys a command names, for sendPipeline's ordering rule.
+func TestCmdKeys(t *testing.T) {
+	for _, tc := range []struct {
+		cmd  []any
+		want []any
+	}{
+		{[]any{"set", "k", "v", "px", 1000, "nx", "get"}, []any{"k"}},
+		{[]any{"evalsha", "sha", 2, "a", "b", "v"}, []any{"a", "b"}},
+		{[]any{"eval", "src", 1, "a", "v"}, []any{"a"}},
+		{[]any{"evalsha", "sha", 0, "v"}, []any{}},
+		{[]any{"evalsha", "sha", 3, "a"}, nil}, // malformed
+		{[]any{"get", "k"}, nil},
+	} {
+		if got := cmdKeys(tc.cmd); !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("cmdKeys(%v) = %v, want %v", tc.cmd, got, tc.want)
+		}
 	}
 }

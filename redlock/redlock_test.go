@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -835,32 +836,37 @@ func TestNodeSlowerThanNodeTimeoutIsCleaned(t *testing.T) {
 }
 
 // TestErrorReplyToSetNXGet: TryAcquire's SET NX GET goes out with its
-// reply read raw (pipeline.go, cook), and an error reply, here OOM from a
-// node over its maxmemory, goes out once more the ordinary way: the caller
-// gets go-redis's error, which redis.HasErrorPrefix reads, and nothing is
-// sent a third time.
+// reply read raw (pipeline.go, cook). An error reply that go-redis does
+// not retry (here OOM, from a node over its maxmemory) reaches the caller
+// as go-redis's would, and the command is not sent again; one that
+// go-redis retries (READONLY, from a replica) is sent again with Do, which
+// retries it.
 func TestErrorReplyToSetNXGet(t *testing.T) {
 	cl := redlocktest.Start(t, 1)
 	rdb := cl.Clients(t)[0]
 	c := newClient(t, []redis.UniversalClient{rdb})
 	ctx := context.Background()
+	failed := func(err error, prefix string) {
+		t.Helper()
+		var qerr *redlock.QuorumError
+		if !errors.As(err, &qerr) {
+			t.Fatalf("TryAcquire: %v, want a *QuorumError", err)
+		}
+		if r := qerr.Nodes[0]; prefix != "" && (r.Outcome != redlock.OutcomeError || !redis.HasErrorPrefix(r.Err, prefix)) {
+			t.Errorf("node 0: outcome %v, error %v; want %v with the node's %s error reply", r.Outcome, r.Err, redlock.OutcomeError, prefix)
+		}
+	}
+	rejected := func() int {
+		return cmdStat(rdb.Info(ctx, "commandstats").Val(), "set", "rejected_calls")
+	}
+
 	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
 	resetStats(t, []redis.UniversalClient{rdb})
-	check := func(err error) {
-		t.Helper()
-		var qerr *redlock.QuorumError
-		if !errors.As(err, &qerr) {
-			t.Fatalf("TryAcquire on a node over its maxmemory: %v, want a *QuorumError", err)
-		}
-		if r := qerr.Nodes[0]; r.Outcome != redlock.OutcomeError || !redis.HasErrorPrefix(r.Err, "OOM") {
-			t.Errorf("node 0: outcome %v, error %v; want %v with the node's OOM error reply", r.Outcome, r.Err, redlock.OutcomeError)
-		}
-	}
 	// One alone (sendOne), then several at once (some in one pipeline).
 	_, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
-	check(err)
+	failed(err, "OOM")
 	const n = 16
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -869,22 +875,167 @@ func TestErrorReplyToSetNXGet(t *testing.T) {
 	}
 	wg.Wait()
 	for _, err := range errs {
-		check(err)
+		failed(err, "OOM")
 	}
 	waitSettled(t, c)
-	info := rdb.Info(ctx, "commandstats").Val()
-	if got, want := cmdStat(info, "set", "rejected_calls"), 2*(n+1); got != want {
-		t.Errorf("SET rejected %d times for %d TryAcquires, want %d: once raw, once with Do", got, n+1, want)
+	if got := rejected(); got != n+1 {
+		t.Errorf("SET rejected %d times for %d TryAcquires, want %d: OOM is not sent again", got, n+1, n+1)
 	}
 	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
+
+	// A replica of a master that is not there: writes answer READONLY.
+	if err := rdb.SlaveOf(ctx, "127.0.0.1", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	resetStats(t, []redis.UniversalClient{rdb})
+	_, err = c.TryAcquire(ctx, []string{"r"}, time.Minute)
+	failed(err, "") // READONLY, or the deadline during go-redis's retries
+	waitSettled(t, c)
+	if got := rejected(); got < 2 {
+		t.Errorf("SET rejected %d times for a TryAcquire on a replica, want at least 2: READONLY goes again with Do", got)
+	}
+	if err := rdb.SlaveOf(ctx, "no", "one").Err(); err != nil {
+		t.Fatal(err)
+	}
+
 	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
 	if err != nil {
-		t.Fatalf("TryAcquire after the node has memory again: %v", err)
+		t.Fatalf("TryAcquire on the node as it was: %v", err)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestProxyErrorAfterSetNXGetRan: an error reply to a SET NX GET that ran
+// (as a proxy sends when its upstream times out) is not sent again: the
+// node counts as failed, and the undo deletes the key. Sent again, SET NX
+// GET would return the lock's own value, read as another holder's, and
+// the undo would skip the node, leaving the key until its TTL.
+func TestProxyErrorAfterSetNXGetRan(t *testing.T) {
+	cl := redlocktest.Start(t, 1)
+	rdb := cl.Clients(t)[0]
+	proxy := &proxyError{key: "p"}
+	rdb.(*redis.Client).AddHook(proxy)
+	c := newClient(t, []redis.UniversalClient{rdb})
+	ctx := context.Background()
+	_, err := c.TryAcquire(ctx, []string{"p"}, time.Minute)
+	var qerr *redlock.QuorumError
+	if !errors.As(err, &qerr) || qerr.Nodes[0].Outcome != redlock.OutcomeError {
+		t.Fatalf("TryAcquire: %v, want a *QuorumError with node 0 %v", err, redlock.OutcomeError)
+	}
+	if !proxy.done.Load() {
+		t.Fatal("the hook replaced no reply: the test tests nothing")
+	}
+	waitSettled(t, c)
+	if v, err := rdb.Get(ctx, "p").Result(); err == nil {
+		t.Errorf("key p left on the node (%q, TTL %v)", v, rdb.PTTL(ctx, "p").Val())
+	}
+}
+
+// proxyError is a go-redis hook that lets the first SET of key run and
+// then replaces its raw reply with a proxy's error reply.
+type proxyError struct {
+	key  string
+	done atomic.Bool
+}
+
+func (h *proxyError) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *proxyError) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if rc, ok := cmd.(*redis.RawCmd); ok && len(rc.Args()) > 1 && rc.Args()[1] == h.key && h.done.CompareAndSwap(false, true) {
+			rc.SetVal([]byte("-ERR proxy: upstream timed out\r\n"))
+		}
+		return err
+	}
+}
+
+func (h *proxyError) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestResentAcquireNeverPassesItsUndo: an acquire that a node asks to get
+// in another form (here SET NX GET rejected, as by a server before 7.0)
+// goes again behind the rest of its pipeline only when no later op there
+// names its key: the undo queued behind it must run after it, or the
+// re-sent acquire would set a key that nothing deletes before its TTL.
+func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	hook := &busyThenReject{slow: "x", reject: "r"}
+	nodes[2].(*redis.Client).AddHook(hook)
+	c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
+	ctx := context.Background()
+	// Another owner holds r on nodes 0 and 1, so a round for r is decided
+	// without node 2, while node 2's worker is still busy with x: the
+	// acquire of r and its undo reach node 2 in one pipeline.
+	for _, rdb := range nodes[:2] {
+		if err := rdb.Set(ctx, "r", "another owner's value", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if l, err := c.TryAcquire(ctx, []string{"x"}, time.Minute); err == nil {
+			_ = l.Release(ctx)
+		}
+	})
+	waitFor(t, "node 2 busy with x", hook.busy.Load)
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire r: %v, want ErrNotAcquired", err)
+	}
+	wg.Wait()
+	waitSettled(t, c)
+	if !hook.rejected.Load() {
+		t.Fatal("the hook rejected no SET in a pipeline: the test tests nothing")
+	}
+	if v, err := nodes[2].Get(ctx, "r").Result(); err == nil {
+		t.Errorf("key r left on node 2 (%q, TTL %v) by an acquire sent again after its undo", v, nodes[2].PTTL(ctx, "r").Val())
+	}
+}
+
+// busyThenReject is a go-redis hook that holds the command on key slow for
+// 300 ms, and answers the first SET of key reject within a pipeline as a
+// server before 7.0 answers SET NX GET, without running it.
+type busyThenReject struct {
+	slow, reject string
+	busy         atomic.Bool
+	rejected     atomic.Bool
+}
+
+func (h *busyThenReject) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *busyThenReject) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && a[1] == h.slow {
+			h.busy.Store(true)
+			time.Sleep(300 * time.Millisecond)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *busyThenReject) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		send := slices.Clone(cmds)
+		var orig, fake *redis.RawCmd
+		for i, cmd := range cmds {
+			if rc, ok := cmd.(*redis.RawCmd); ok && rc.Args()[1] == h.reject && h.rejected.CompareAndSwap(false, true) {
+				orig = rc
+				fake = redis.NewRawCmd(ctx, "eval", "return redis.error_reply('ERR syntax error')", 0)
+				send[i] = fake
+			}
+		}
+		err := next(ctx, send)
+		if orig != nil {
+			orig.SetVal(fake.Val())
+			orig.SetErr(fake.Err())
+		}
+		return err
 	}
 }
 
