@@ -435,10 +435,12 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		late:  l,
 	}
 	if once && n == 1 && l.nlock == 1 && l.aid == "" && !l.fencing && c.cfg.gate == 0 {
-		// TryAcquire of a plain one-key lock sends SET NX GET: no key can
-		// hold this new value yet, so the script's extra cases (our own
-		// key from a lost reply, reentrancy, fencing, gating) cannot
-		// arise, and Redis runs a plain command 2-3x faster than a script.
+		// TryAcquire of a plain one-key lock sends SET NX GET: the key
+		// can hold this new value only if this very command ran before
+		// (go-redis sends it again after a connection error), which
+		// parseAcquireReply counts as granted, and the script's other
+		// cases (reentrancy, fencing, gating) cannot arise. Redis runs a
+		// plain command 2-3x faster than a script.
 		// (Its reply is read raw, so that go-redis's retry classifier
 		// never sees the nil that means granted, 17 allocations per node:
 		// pipeline.go, cook. The script instead cost about 12% of the
@@ -530,7 +532,11 @@ func (c *Client) acquireCmd(l *Lock, wait bool) []any {
 func tryAcquireCmd(c *Client, l *Lock) []any { return c.acquireCmd(l, false) }
 
 // parseAcquireReply reads the reply of the acquire script (parseAcquire)
-// or of SET NX GET: nil when it set the key, else the holder's value.
+// or of SET NX GET: nil when it set the key, else the holder's value. A
+// value with the owner token of the command's own value means that the
+// command ran before: go-redis sent it again after a connection error
+// (EOF after the write, say), so the key is ours, set in this round with
+// the lock's TTL (the acquire script's idempotence, scripts.go).
 func parseAcquireReply(cmd *redis.Cmd) (reply, error) {
 	v, err := cmd.Result()
 	switch {
@@ -540,11 +546,21 @@ func parseAcquireReply(cmd *redis.Cmd) (reply, error) {
 		return reply{}, err
 	}
 	if s, ok := v.(string); ok {
+		if args := cmd.Args(); len(args) > 2 && sameOwner(s, args[2]) {
+			return reply{ok: true}, nil
+		}
 		tp, holder, _ := splitValue(s) // never expose the other owner's token
 		return reply{holder: holder, traceparent: tp}, nil
 	}
 	a, _ := v.([]any)
 	return parseAcquire(a, nil)
+}
+
+// sameOwner reports whether the lock value v starts with the owner token
+// of own, a lock value (a waiter may have marked the byte after it).
+func sameOwner(v string, own any) bool {
+	o, _ := own.(string)
+	return len(o) >= tokenLen && len(v) >= tokenLen && v[:tokenLen] == o[:tokenLen]
 }
 
 // parseAcquire reads the acquire script's reply {1, token} or {0, holder}.

@@ -249,13 +249,24 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []*op
+		var load []string
 		for i, o := range batch {
 			if o.raw != nil {
 				o.cook(false)
 			}
-			if n.redo(o) && !sharesKey(o, batch[i+1:]) {
+			switch {
+			case !n.redo(o):
+			case !sharesKey(o, batch[i+1:]):
 				again = append(again, o)
+			case o.cmd[0] == "eval":
+				// Kept out after NOSCRIPT: load the script, so that
+				// the node knows it next time.
+				src, _ := o.cmd[1].(string)
+				load = append(load, src)
 			}
+		}
+		for _, src := range load {
+			n.load(src)
 		}
 		batch = again
 	}
@@ -314,8 +325,10 @@ func cmdKeys(cmd []any) []any {
 // an error reply that go-redis retries (LOADING, READONLY, ...: replies to
 // commands that did not run), does cook leave it to Do, so that go-redis
 // handles it as it always does: its retries, and a connection to a
-// demoted master dropped; and only for an op sent alone (sendOne), as Do
-// retries no error reply within a pipeline either. Any other error reply
+// demoted master dropped; and only for an op sent alone (sendOne). In a
+// pipeline go-redis retries an error reply only when it is the first
+// reply, by sending the whole pipeline again, commands that ran included;
+// a raw first reply spares it that. Any other error reply
 // may come from a proxy after the command ran, and is never sent again by
 // cook. Only SET NX GET goes raw (op.alt: scripts answer arrays and
 // integers, never nil), and only to a *redis.Client (node.raw): a cluster
@@ -338,33 +351,49 @@ func (o *op) cook(resend bool) bool {
 	b, err := o.raw.Result()
 	o.raw, o.cooked = nil, true
 	o.res = redis.NewCmd(o.ctx, o.cmd...)
-	switch v, ok := rawBulk(b); {
+	v, ok := rawBulk(b)
+	msg, isErr := rawError(b)
+	switch {
 	case err != nil:
 		o.res.SetErr(err)
 	case ok && v == nil:
 		o.res.SetErr(redis.Nil)
 	case ok:
 		o.res.SetVal(string(v))
-	case len(b) == 0 || b[0] != '-':
+	case !isErr:
 		o.res.SetErr(fmt.Errorf("redlock: unexpected reply %q to %v", b, o.cmd[0]))
-	case resend && retriedReply(b) && o.ended(time.Now()) == nil:
+	case resend && retriedReply(msg) && o.ended(time.Now()) == nil:
 		o.res = nil
 		return false
 	default:
-		o.res.SetErr(replyError(strings.TrimRight(string(b[1:]), "\r\n")))
+		o.res.SetErr(replyError(msg))
 	}
 	return true
+}
+
+// rawError returns the message of b, one RESP reply, if it is an error
+// reply: a simple error ("-ERR ...") or a RESP3 blob error ("!len").
+func rawError(b []byte) (msg string, ok bool) {
+	switch {
+	case len(b) > 2 && b[0] == '-' && bytes.HasSuffix(b, []byte("\r\n")):
+		return string(b[1 : len(b)-2]), true
+	case len(b) > 0 && b[0] == '!':
+		v, ok := rawBulk(append([]byte{'$'}, b[1:]...))
+		return string(v), ok && v != nil
+	}
+	return "", false
 }
 
 // retriedReplies are the error replies that go-redis's Do retries
 // (shouldRetry in go-redis v9 error.go): all say that the command did not
 // run.
-var retriedReplies = []string{"-LOADING ", "-READONLY ", "-MASTERDOWN ", "-NOREPLICAS ",
-	"-TRYAGAIN ", "-CLUSTERDOWN ", "-ERR max number of clients reached"}
+var retriedReplies = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "NOREPLICAS ",
+	"TRYAGAIN ", "CLUSTERDOWN ", "ERR max number of clients reached"}
 
-// retriedReply reports whether b, an error reply, is one of retriedReplies.
-func retriedReply(b []byte) bool {
-	return slices.ContainsFunc(retriedReplies, func(p string) bool { return bytes.HasPrefix(b, []byte(p)) })
+// retriedReply reports whether msg, an error reply's message, starts with
+// one of retriedReplies.
+func retriedReply(msg string) bool {
+	return slices.ContainsFunc(retriedReplies, func(p string) bool { return strings.HasPrefix(msg, p) })
 }
 
 // rawBulk parses b, one RESP reply, as a bulk string: ok is true for a
@@ -420,7 +449,7 @@ func (n *node) redo(o *op) bool {
 	switch {
 	case o.script != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
 		if late {
-			n.load(o.script)
+			n.load(o.script.src)
 			return false
 		}
 		o.cmd, o.script = evalFallback(o), nil
@@ -442,12 +471,12 @@ func (o *op) useAlt() {
 	o.script, o.cmd, o.alt = spec.altScript, spec.alt(o.rs.c, spec.late), false
 }
 
-// load loads script on n (SCRIPT LOAD), waiting at most the node timeout;
-// a failure is left to the next NOSCRIPT.
-func (n *node) load(script *luaScript) {
+// load loads the script of source src on n (SCRIPT LOAD), waiting at most
+// the node timeout; a failure is left to the next NOSCRIPT.
+func (n *node) load(src string) {
 	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
 	defer cancel()
-	_ = n.rdb.ScriptLoad(ctx, script.src).Err()
+	_ = n.rdb.ScriptLoad(ctx, src).Err()
 }
 
 // evalArgs returns the command EVALSHA sha numkeys keys... args... Built

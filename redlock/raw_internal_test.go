@@ -81,10 +81,15 @@ func TestCook(t *testing.T) {
 			}
 			// Not retried by go-redis: may come from a proxy after the
 			// command ran, so it is never sent again.
-			for _, reply := range []string{"-ERR syntax error\r\n", "-OOM command not allowed\r\n", "-ERR proxy: upstream timed out\r\n"} {
+			for reply, want := range map[string]string{
+				"-ERR syntax error\r\n":               "ERR syntax error",
+				"-OOM command not allowed\r\n":        "OOM command not allowed",
+				"-ERR proxy: upstream timed out\r\n":  "ERR proxy: upstream timed out",
+				"!22\r\nSYNTAX invalid\r\nsyntax\r\n": "SYNTAX invalid\r\nsyntax", // RESP3 blob error
+			} {
 				o, done := cook(reply, nil, deadline, resend)
 				var rerr redis.Error
-				if want := strings.TrimSuffix(reply[1:], "\r\n"); !done || !errors.As(o.res.Err(), &rerr) || o.res.Err().Error() != want {
+				if !done || !errors.As(o.res.Err(), &rerr) || o.res.Err().Error() != want {
 					t.Errorf("error reply %q: done %v, %v; want true and the reply as a Redis error", reply, done, o.res.Err())
 				}
 			}
@@ -121,5 +126,48 @@ func TestCmdKeys(t *testing.T) {
 		if got := cmdKeys(tc.cmd); !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
 			t.Errorf("cmdKeys(%v) = %v, want %v", tc.cmd, got, tc.want)
 		}
+	}
+}
+
+// TestDropEnded: ops whose end has passed get that error and are not sent
+// again; the others keep their order.
+func TestDropEnded(t *testing.T) {
+	ctx := context.Background()
+	past, future := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+	cmd := []any{"evalsha", "sha", 1, "k"}
+	a := &op{ctx: ctx, deadline: future, cmd: cmd}
+	b := &op{ctx: ctx, deadline: past, cmd: cmd}
+	c := &op{ctx: ctx, deadline: future, cmd: cmd}
+	live := dropEnded([]*op{a, b, c})
+	if len(live) != 2 || live[0] != a || live[1] != c {
+		t.Errorf("dropEnded kept %v, want the two live ops in order", live)
+	}
+	if b.res == nil || !errors.Is(b.res.Err(), context.DeadlineExceeded) {
+		t.Errorf("the ended op's result: %v, want DeadlineExceeded", b.res)
+	}
+	if a.res != nil || c.res != nil {
+		t.Error("dropEnded set a live op's result")
+	}
+}
+
+// TestParseAcquireReplyOwnValue: SET NX GET that answers the lock's own
+// value ran before (go-redis sent it again after a connection error): the
+// key is ours, also when a waiter has marked the byte after the owner
+// token. Another owner's value is a refusal.
+func TestParseAcquireReplyOwnValue(t *testing.T) {
+	own := strings.Repeat("a", tokenLen) + "-meta"
+	set := func(reply string) *redis.Cmd {
+		cmd := redis.NewCmd(context.Background(), "set", "k", own, "px", 1000, "nx", "get")
+		cmd.SetVal(reply)
+		return cmd
+	}
+	for _, v := range []string{own, strings.Repeat("a", tokenLen) + "_meta"} {
+		if rep, err := parseAcquireReply(set(v)); err != nil || !rep.ok {
+			t.Errorf("SET NX GET answering %q (own token): %+v, %v; want granted", v, rep, err)
+		}
+	}
+	other := strings.Repeat("b", tokenLen) + "-theirs"
+	if rep, err := parseAcquireReply(set(other)); err != nil || rep.ok || rep.holder != "theirs" {
+		t.Errorf("SET NX GET answering another owner's value: %+v, %v; want refused, holder %q", rep, err, "theirs")
 	}
 }
