@@ -231,14 +231,20 @@ func (n *node) sendOne(o *op) {
 // that shares a key with any of them is not sent again and keeps its
 // error: no command may pass another on the same key (an acquire re-sent
 // after the undo queued behind it would grant a key that nothing deletes
-// before its TTL). Nor is one sent again once its end has passed (while
-// redo loaded a script, say).
+// before its TTL); if it met NOSCRIPT, the re-send pipeline loads its
+// script instead, once, unless an op sent again as EVAL does. Nor is one
+// sent again once its end has passed (while redo loaded a script, say).
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
-	for first := true; len(batch) > 0; first = false {
+	var load []string // sources of scripts to load (SCRIPT LOAD runs nothing)
+	for first := true; len(batch) > 0 || len(load) > 0; first = false {
 		if !first {
 			batch = dropEnded(batch)
 		}
 		pipe := n.rdb.Pipeline()
+		for _, src := range load {
+			pipe.ScriptLoad(ctx, src)
+		}
+		load = nil
 		for _, o := range batch {
 			if n.sendsRaw(o) {
 				o.raw = redis.NewRawCmd(ctx, o.cmd...)
@@ -249,7 +255,6 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []*op
-		var load []string
 		for i, o := range batch {
 			if o.raw != nil {
 				o.cook(false)
@@ -259,15 +264,16 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 			case !sharesKey(o, batch[i+1:]):
 				again = append(again, o)
 			case o.cmd[0] == "eval":
-				// Kept out after NOSCRIPT: load the script, so that
-				// the node knows it next time.
-				src, _ := o.cmd[1].(string)
-				load = append(load, src)
+				// Kept out after NOSCRIPT: the node learns the script
+				// all the same, unless an EVAL of it goes again.
+				if src, _ := o.cmd[1].(string); !slices.Contains(load, src) {
+					load = append(load, src)
+				}
 			}
 		}
-		for _, src := range load {
-			n.load(src)
-		}
+		load = slices.DeleteFunc(load, func(src string) bool {
+			return slices.ContainsFunc(again, func(o *op) bool { return o.cmd[0] == "eval" && o.cmd[1] == src })
+		})
 		batch = again
 	}
 }

@@ -915,10 +915,9 @@ func TestErrorReplyToSetNXGet(t *testing.T) {
 }
 
 // TestProxyErrorAfterSetNXGetRan: an error reply to a SET NX GET that ran
-// (as a proxy sends when its upstream times out) is not sent again: the
-// node counts as failed, and the undo deletes the key. Sent again, SET NX
-// GET would return the lock's own value, read as another holder's, and
-// the undo would skip the node, leaving the key until its TTL.
+// (as a proxy sends when its upstream times out) is not sent again, as
+// with Do: the node counts as failed, and the undo deletes the key. Only
+// error replies that say the command did not run are sent again.
 func TestProxyErrorAfterSetNXGetRan(t *testing.T) {
 	cl := redlocktest.Start(t, 1)
 	rdb := cl.Clients(t)[0]
@@ -1025,52 +1024,71 @@ func (c *cutAfterWrite) Read(b []byte) (int, error) {
 }
 
 // TestResentAcquireNeverPassesItsUndo: an acquire that a node asks to get
-// in another form (here SET NX GET rejected, as by a server before 7.0)
-// goes again behind the rest of its pipeline only when no later op there
-// names its key: the undo queued behind it must run after it, or the
-// re-sent acquire would set a key that nothing deletes before its TTL.
+// in another form (the script after SET NX GET rejected as by a server
+// before 7.0, EVAL after NOSCRIPT) goes again behind the rest of its
+// pipeline only when no later op there names its key: the undo queued
+// behind it must run after it, or the re-sent acquire would set a key that
+// nothing deletes before its TTL. An acquire kept out after NOSCRIPT has
+// its script loaded instead, so that the node knows it next time.
 func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
-	cl := redlocktest.Start(t, 3)
-	nodes := cl.Clients(t)
-	hook := &busyThenReject{slow: "x", reject: "r"}
-	nodes[2].(*redis.Client).AddHook(hook)
-	c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
-	ctx := context.Background()
-	// Another owner holds r on nodes 0 and 1, so a round for r is decided
-	// without node 2, while node 2's worker is still busy with x: the
-	// acquire of r and its undo reach node 2 in one pipeline.
-	for _, rdb := range nodes[:2] {
-		if err := rdb.Set(ctx, "r", "another owner's value", time.Minute).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if l, err := c.TryAcquire(ctx, []string{"x"}, time.Minute); err == nil {
-			_ = l.Release(ctx)
-		}
-	})
-	waitFor(t, "node 2 busy with x", hook.busy.Load)
-	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute); !errors.Is(err, redlock.ErrNotAcquired) {
-		t.Fatalf("TryAcquire r: %v, want ErrNotAcquired", err)
-	}
-	wg.Wait()
-	waitSettled(t, c)
-	if !hook.rejected.Load() || !hook.shared.Load() {
-		t.Fatalf("the hook rejected a SET of r in a pipeline: %v, with a later command on r: %v; both must be true, or the test tests nothing",
-			hook.rejected.Load(), hook.shared.Load())
-	}
-	if v, err := nodes[2].Get(ctx, "r").Result(); err == nil {
-		t.Errorf("key r left on node 2 (%q, TTL %v) by an acquire sent again after its undo", v, nodes[2].PTTL(ctx, "r").Val())
+	for _, tc := range []struct {
+		name     string
+		noscript bool
+		opts     []redlock.AcquireOption
+	}{
+		{"SET NX GET rejected", false, nil},
+		{"NOSCRIPT", true, []redlock.AcquireOption{redlock.WithOwner("o")}}, // a reentrant lock gets the script
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl := redlocktest.Start(t, 3)
+			nodes := cl.Clients(t)
+			hook := &busyThenReject{slow: "x", reject: "r", noscript: tc.noscript}
+			nodes[2].(*redis.Client).AddHook(hook)
+			c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
+			ctx := context.Background()
+			// Another owner holds r on nodes 0 and 1, so a round for r is
+			// decided without node 2, while node 2's worker is still busy
+			// with x: the acquire of r and its undo reach node 2 in one
+			// pipeline.
+			for _, rdb := range nodes[:2] {
+				if err := rdb.Set(ctx, "r", "another owner's value", time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				if l, err := c.TryAcquire(ctx, []string{"x"}, time.Minute); err == nil {
+					_ = l.Release(ctx)
+				}
+			})
+			waitFor(t, "node 2 busy with x", hook.busy.Load)
+			if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, tc.opts...); !errors.Is(err, redlock.ErrNotAcquired) {
+				t.Fatalf("TryAcquire r: %v, want ErrNotAcquired", err)
+			}
+			wg.Wait()
+			waitSettled(t, c)
+			if !hook.rejected.Load() || !hook.shared.Load() {
+				t.Fatalf("the hook rejected the acquire of r in a pipeline: %v, with a later command on r: %v; both must be true, or the test tests nothing",
+					hook.rejected.Load(), hook.shared.Load())
+			}
+			if v, err := nodes[2].Get(ctx, "r").Result(); err == nil {
+				t.Errorf("key r left on node 2 (%q, TTL %v) by an acquire sent again after its undo", v, nodes[2].PTTL(ctx, "r").Val())
+			}
+			if loads := cmdStat(nodes[2].Info(ctx, "commandstats").Val(), "script|load", "calls"); tc.noscript && loads != 1 {
+				t.Errorf("node 2 got %d SCRIPT LOADs, want 1 for the acquire kept out after NOSCRIPT", loads)
+			}
+		})
 	}
 }
 
 // busyThenReject is a go-redis hook that holds the command on key slow for
-// 1 s, and answers the first SET of key reject within a pipeline as a
-// server before 7.0 answers SET NX GET, without running it. shared
-// records that a later command of that pipeline names the key too.
+// 1 s, and answers the first acquire of key reject within a pipeline
+// without running it: its SET NX GET as a server before 7.0 does, or with
+// noscript its script with NOSCRIPT. shared records that a later command
+// of that pipeline names the key too.
 type busyThenReject struct {
 	slow, reject string
+	noscript     bool
 	busy         atomic.Bool
 	rejected     atomic.Bool
 	shared       atomic.Bool
@@ -1091,23 +1109,38 @@ func (h *busyThenReject) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *busyThenReject) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		send := slices.Clone(cmds)
-		var orig, fake *redis.RawCmd
+		var after func()
 		for i, cmd := range cmds {
-			if rc, ok := cmd.(*redis.RawCmd); ok && rc.Args()[1] == h.reject && h.rejected.CompareAndSwap(false, true) {
-				orig = rc
-				fake = redis.NewRawCmd(ctx, "eval", "return redis.error_reply('ERR syntax error')", 0)
-				send[i] = fake
-				for _, later := range cmds[i+1:] {
-					if slices.Contains(later.Args(), any(h.reject)) {
-						h.shared.Store(true)
-					}
+			a := cmd.Args()
+			_, raw := cmd.(*redis.RawCmd)
+			target := raw && a[1] == h.reject
+			if h.noscript {
+				target = len(a) > 3 && a[0] == "evalsha" && a[3] == h.reject
+			}
+			if !target || !h.rejected.CompareAndSwap(false, true) {
+				continue
+			}
+			reply := "return redis.error_reply('ERR syntax error')"
+			if h.noscript {
+				reply = "return redis.error_reply('NOSCRIPT No matching script. Please use EVAL.')"
+			}
+			switch c := cmd.(type) {
+			case *redis.RawCmd:
+				fake := redis.NewRawCmd(ctx, "eval", reply, 0)
+				send[i], after = fake, func() { c.SetVal(fake.Val()); c.SetErr(fake.Err()) }
+			case *redis.Cmd:
+				fake := redis.NewCmd(ctx, "eval", reply, 0)
+				send[i], after = fake, func() { c.SetVal(fake.Val()); c.SetErr(fake.Err()) }
+			}
+			for _, later := range cmds[i+1:] {
+				if slices.Contains(later.Args(), any(h.reject)) {
+					h.shared.Store(true)
 				}
 			}
 		}
 		err := next(ctx, send)
-		if orig != nil {
-			orig.SetVal(fake.Val())
-			orig.SetErr(fake.Err())
+		if after != nil {
+			after()
 		}
 		return err
 	}
