@@ -1055,17 +1055,19 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// x is released only at the end: a release queued meanwhile
+			// would join its SET on node 2 in one pipeline.
+			var x *redlock.Lock
 			var wg sync.WaitGroup
-			wg.Go(func() {
-				if l, err := c.TryAcquire(ctx, []string{"x"}, time.Minute); err == nil {
-					_ = l.Release(ctx)
-				}
-			})
+			wg.Go(func() { x, _ = c.TryAcquire(ctx, []string{"x"}, time.Minute) })
 			waitFor(t, "node 2 busy with x", hook.busy.Load)
 			if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, tc.opts...); !errors.Is(err, redlock.ErrNotAcquired) {
 				t.Fatalf("TryAcquire r: %v, want ErrNotAcquired", err)
 			}
 			wg.Wait()
+			if x != nil {
+				_ = x.Release(ctx)
+			}
 			waitSettled(t, c)
 			if !hook.rejected.Load() || !hook.shared.Load() {
 				t.Fatalf("the hook rejected the acquire of r in a pipeline: %v, with a later command on r: %v; both must be true, or the test tests nothing",
@@ -1081,8 +1083,8 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 	}
 }
 
-// busyThenReject is a go-redis hook that holds the command on key slow for
-// 1 s, and answers the first acquire of key reject within a pipeline
+// busyThenReject is a go-redis hook that holds a command or pipeline on
+// key slow for 1 s, and answers the first acquire of key reject within a pipeline
 // without running it: its SET NX GET as a server before 7.0 does, or with
 // noscript its script with NOSCRIPT. shared records that a later command
 // of that pipeline names the key too.
@@ -1098,8 +1100,7 @@ func (h *busyThenReject) DialHook(next redis.DialHook) redis.DialHook { return n
 
 func (h *busyThenReject) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if a := cmd.Args(); len(a) > 1 && a[1] == h.slow {
-			h.busy.Store(true)
+		if a := cmd.Args(); len(a) > 1 && a[1] == h.slow && h.busy.CompareAndSwap(false, true) {
 			time.Sleep(time.Second)
 		}
 		return next(ctx, cmd)
@@ -1108,6 +1109,11 @@ func (h *busyThenReject) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *busyThenReject) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if a := cmd.Args(); len(a) > 1 && a[1] == h.slow && h.busy.CompareAndSwap(false, true) {
+				time.Sleep(time.Second)
+			}
+		}
 		send := slices.Clone(cmds)
 		var after func()
 		for i, cmd := range cmds {

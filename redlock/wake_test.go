@@ -83,6 +83,10 @@ func startHeld(t *testing.T) (redlocktest.Cluster, []redis.UniversalClient, *red
 	if err != nil {
 		t.Fatal(err)
 	}
+	// TryAcquire returns on a quorum; the third SET may still be queued.
+	// A waiter in another Client could reach that node first and take it,
+	// and then the holder's release would not publish a notice there.
+	waitSettled(t, c)
 	return cl, cl.Clients(t), c, held
 }
 
