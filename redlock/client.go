@@ -53,8 +53,8 @@ type node struct {
 	// applies the round's deadline to its own I/O, and with one node no
 	// other node's answer could decide the round while this one is slow.
 	inline bool
-	// raw: the client is a *redis.Client, and plain commands go as
-	// RawCmds (pipeline.go, sendsRaw).
+	// raw: the client is a *redis.Client, and SET NX GET goes as a
+	// RawCmd (pipeline.go, sendsRaw).
 	raw bool
 	// work is the method value n.drain, made once: "go n.work()" would
 	// allocate it at each worker's start (a sequential caller starts one

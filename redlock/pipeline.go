@@ -42,8 +42,8 @@ func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScrip
 // a time in queue order, so that on each node a release sent after an
 // acquire runs after it (lateGrant relies on it). An op re-sent in
 // another form (redo: EVAL after NOSCRIPT, the script after a rejected SET
-// NX GET) goes behind the rest of its batch, so only when no later op of
-// the batch names one of its keys (sendPipeline).
+// NX GET) goes behind the rest of its batch, so an acquire only when no
+// later op of the batch names one of its keys (sendPipeline).
 
 // nodeQueue holds the ops waiting for one node.
 type nodeQueue struct {
@@ -227,13 +227,17 @@ func (n *node) sendOne(o *op) {
 
 // sendPipeline sends batch as one pipeline, then the ops that the node
 // asked to get in another form (redo) as another pipeline, in order. An
-// op sent again goes after the ops that followed it in its batch, so one
-// that shares a key with any of them is not sent again and keeps its
-// error: no command may pass another on the same key (an acquire re-sent
-// after the undo queued behind it would grant a key that nothing deletes
-// before its TTL); if it met NOSCRIPT, the re-send pipeline loads its
-// script instead, once, unless an op sent again as EVAL does. Nor is one
-// sent again once its end has passed (while redo loaded a script, say).
+// op sent again goes after the ops that followed it in its batch, so an
+// acquire that shares a key with any of them is not sent again and keeps
+// its error: re-sent after the undo or release queued behind it, it would
+// set a key that nothing deletes before its TTL; if it met NOSCRIPT, the
+// re-send pipeline loads its script instead, once, unless an op sent again
+// as EVAL does. Other ops go again all the same: a release or extension
+// that passes a later command on its key changes no outcome that matters
+// (an acquire of another lock there is refused until the release has run,
+// as if it had come a moment sooner), and one kept out would leave the key
+// until its TTL. No op is sent again once its end has passed (while redo
+// loaded a script, say).
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	var load []string // sources of scripts to load (SCRIPT LOAD runs nothing)
 	for first := true; len(batch) > 0 || len(load) > 0; first = false {
@@ -261,7 +265,7 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 			}
 			switch {
 			case !n.redo(o):
-			case !sharesKey(o, batch[i+1:]):
+			case !o.acquire() || !sharesKey(o, batch[i+1:]):
 				again = append(again, o)
 			case o.cmd[0] == "eval":
 				// Kept out after NOSCRIPT: the node learns the script
@@ -277,6 +281,9 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 		batch = again
 	}
 }
+
+// acquire reports whether o belongs to an acquire round.
+func (o *op) acquire() bool { return o.rs != nil && o.rs.spec.op == "acquire" }
 
 // dropEnded gives the ops of batch whose end has passed that error, and
 // returns the others.
@@ -334,12 +341,11 @@ func cmdKeys(cmd []any) []any {
 // demoted master dropped; and only for an op sent alone (sendOne). In a
 // pipeline go-redis retries an error reply only when it is the first
 // reply, by sending the whole pipeline again, commands that ran included;
-// a raw first reply spares it that. Any other error reply
-// may come from a proxy after the command ran, and is never sent again by
-// cook. Only SET NX GET goes raw (op.alt: scripts answer arrays and
-// integers, never nil), and only to a *redis.Client (node.raw): a cluster
-// client redirects on MOVED and ASK error replies, which a RawCmd does not
-// report as errors.
+// a raw first reply spares it that. Any other error reply may come from a
+// proxy after the command ran, and is never sent again by cook. Only SET
+// NX GET goes raw (op.alt: scripts answer arrays and integers, never nil),
+// and only to a *redis.Client (node.raw): a cluster client redirects on
+// MOVED and ASK error replies, which a RawCmd does not report as errors.
 
 // sendsRaw reports whether o goes as a RawCmd: SET NX GET (o.alt), on a
 // node whose client is a *redis.Client, not yet left for Do by cook.

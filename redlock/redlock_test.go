@@ -1083,6 +1083,53 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 	}
 }
 
+// TestResentReleasePassesLaterAcquire: a release that a node asks to get
+// as EVAL (NOSCRIPT) goes again behind the rest of its pipeline even when a
+// later op there names its key: an acquire of another lock there is then
+// refused, as if it had come a moment sooner, and the key is deleted; kept
+// out, the release would leave the key until its TTL.
+func TestResentReleasePassesLaterAcquire(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	hook := &busyThenReject{slow: "x", reject: "r", noscript: true}
+	nodes[2].(*redis.Client).AddHook(hook)
+	c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	var x *redlock.Lock
+	var wg sync.WaitGroup
+	wg.Go(func() { x, _ = c.TryAcquire(ctx, []string{"x"}, time.Minute) })
+	waitFor(t, "node 2 busy with x", hook.busy.Load)
+	// A's release returns on nodes 0 and 1; B then gets r there. On node
+	// 2 both queue behind x, A's release first.
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
+	if err != nil {
+		t.Fatalf("TryAcquire by B after A's release: %v", err)
+	}
+	wg.Wait()
+	if x != nil {
+		_ = x.Release(ctx)
+	}
+	waitSettled(t, c)
+	if !hook.rejected.Load() || !hook.shared.Load() {
+		t.Fatalf("the hook rejected the release of r in a pipeline: %v, with a later command on r: %v; both must be true, or the test tests nothing",
+			hook.rejected.Load(), hook.shared.Load())
+	}
+	if v, err := nodes[2].Get(ctx, "r").Result(); err == nil {
+		t.Errorf("key r left on node 2 (%q, TTL %v): A's release was not sent again", v, nodes[2].PTTL(ctx, "r").Val())
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // busyThenReject is a go-redis hook that holds a command or pipeline on
 // key slow for 1 s, and answers the first acquire of key reject within a pipeline
 // without running it: its SET NX GET as a server before 7.0 does, or with
