@@ -317,6 +317,10 @@ type roundSpec struct {
 	// worker. (A *Lock, not a method value: that cost an allocation per
 	// round.)
 	late *Lock
+	// lock is the lock whose round this is (acquire, undo, release,
+	// extend, fence; nil for Holder): sendPipeline keeps a command from
+	// passing a later one of the same lock on the same key.
+	lock *Lock
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
 	deadline time.Time

@@ -433,6 +433,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		parse: parseAcquireReply,
 		early: true,
 		late:  l,
+		lock:  l,
 	}
 	if once && n == 1 && l.nlock == 1 && l.aid == "" && !l.fencing && c.cfg.gate == 0 {
 		// TryAcquire of a plain one-key lock sends SET NX GET: the key
@@ -608,6 +609,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 		script: fenceScript, cmd: evalArgs(fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner),
 		parse: okParse(1),
 		early: true,
+		lock:  l,
 	})
 }
 
@@ -673,7 +675,7 @@ func (c *Client) releaseAll(ctx context.Context, l *Lock, op, notice string, ski
 // holder's keys, not a lost lock). notice is the payload of the release
 // notices, "" for none (only a Release wakes waiters: wake.go).
 func (c *Client) releaseSpec(l *Lock, op, notice string, skip []bool) roundSpec {
-	return roundSpec{op: op, skip: skip, script: releaseScript,
+	return roundSpec{op: op, skip: skip, script: releaseScript, lock: l,
 		cmd: evalArgs(releaseScript, l.ownedKeys(), l.value, l.aid, notice), parse: okParse(int64(l.nlock))}
 }
 
@@ -753,6 +755,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		script:   extendScript, cmd: evalArgs(extendScript, l.ownedKeys(), l.value, ttl.Milliseconds(), owner),
 		parse: okParse(1),
 		early: true,
+		lock:  l,
 	})
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -42,8 +42,8 @@ func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScrip
 // a time in queue order, so that on each node a release sent after an
 // acquire runs after it (lateGrant relies on it). An op re-sent in
 // another form (redo: EVAL after NOSCRIPT, the script after a rejected SET
-// NX GET) goes behind the rest of its batch, so an acquire only when no
-// later op of the batch names one of its keys (sendPipeline).
+// NX GET) goes behind the rest of its batch, so only when no later op of
+// its own lock names one of its keys (sendPipeline).
 
 // nodeQueue holds the ops waiting for one node.
 type nodeQueue struct {
@@ -227,17 +227,20 @@ func (n *node) sendOne(o *op) {
 
 // sendPipeline sends batch as one pipeline, then the ops that the node
 // asked to get in another form (redo) as another pipeline, in order. An
-// op sent again goes after the ops that followed it in its batch, so an
-// acquire that shares a key with any of them is not sent again and keeps
-// its error: re-sent after the undo or release queued behind it, it would
-// set a key that nothing deletes before its TTL; if it met NOSCRIPT, the
-// re-send pipeline loads its script instead, once, unless an op sent again
-// as EVAL does. Other ops go again all the same: a release or extension
-// that passes a later command on its key changes no outcome that matters
-// (an acquire of another lock there is refused until the release has run,
-// as if it had come a moment sooner), and one kept out would leave the key
-// until its TTL. No op is sent again once its end has passed (while redo
-// loaded a script, say).
+// op sent again goes after the ops that followed it in its batch, so one
+// that would pass a later command of its own lock on one of its keys is
+// not sent again and keeps its error: an acquire re-sent after its undo or
+// release would set a key that nothing deletes before its TTL, and an undo
+// re-sent after its lock's next attempt would delete the key that attempt
+// set, on a node it counts as held (today an undo round waits for every
+// node it calls, so the next attempt never shares its batch; the rule does
+// not rely on it). If it met NOSCRIPT, the re-send
+// pipeline loads its script instead, once, unless an op sent again as EVAL
+// does. Passing another lock's command changes no outcome that matters (a
+// release that passes another lock's acquire makes it be refused there,
+// as if it had come a moment sooner), and an op kept out for it would
+// leave its key (a release) or fail (an acquire) for nothing. No op is
+// sent again once its end has passed (while redo loaded a script, say).
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	var load []string // sources of scripts to load (SCRIPT LOAD runs nothing)
 	for first := true; len(batch) > 0 || len(load) > 0; first = false {
@@ -265,7 +268,7 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 			}
 			switch {
 			case !n.redo(o):
-			case !o.acquire() || !sharesKey(o, batch[i+1:]):
+			case !passesOwnLock(o, batch[i+1:]):
 				again = append(again, o)
 			case o.cmd[0] == "eval":
 				// Kept out after NOSCRIPT: the node learns the script
@@ -281,9 +284,6 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 		batch = again
 	}
 }
-
-// acquire reports whether o belongs to an acquire round.
-func (o *op) acquire() bool { return o.rs != nil && o.rs.spec.op == "acquire" }
 
 // dropEnded gives the ops of batch whose end has passed that error, and
 // returns the others.
@@ -301,17 +301,29 @@ func dropEnded(batch []*op) []*op {
 	return live
 }
 
-// sharesKey reports whether o's command names a key that one of later's
-// commands names too.
-func sharesKey(o *op, later []*op) bool {
+// passesOwnLock reports whether o, sent after later, would pass a command
+// of its own lock (roundSpec.lock) that names one of its keys.
+func passesOwnLock(o *op, later []*op) bool {
+	l := o.lock()
+	if l == nil {
+		return false
+	}
 	for _, k := range cmdKeys(o.cmd) {
 		for _, p := range later {
-			if slices.Contains(cmdKeys(p.cmd), k) {
+			if p.lock() == l && slices.Contains(cmdKeys(p.cmd), k) {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// lock returns the lock of o's round (nil: none, or o is not a round's).
+func (o *op) lock() *Lock {
+	if o.rs == nil {
+		return nil
+	}
+	return o.rs.spec.lock
 }
 
 // cmdKeys returns the keys that cmd names: SET's key, or the numkeys keys
