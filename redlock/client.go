@@ -247,10 +247,12 @@ type reply struct {
 	ok    bool
 	gated bool // acquire: the node is within its restart gate
 	// reentered: acquire of a reentrant owner that already held every key
-	// with a recorded fencing token, which token is the token.
+	// with a recorded fencing token, which token is the token; fresh is
+	// then the token a new hold would get (1 + the largest counter).
 	reentered bool
 	holder    string
 	token     uint64
+	fresh     uint64
 	value     string // full key value (Holder reads only)
 
 	traceparent string        // acquire: the refusing holder's trace context
@@ -450,7 +452,7 @@ func completeRound(o *op) {
 	}
 	r := NodeResult{Node: nd.idx, Addr: nd.addr, Outcome: OutcomeOK, Err: err, Latency: time.Since(rs.start),
 		Holder: rep.holder, token: rep.token, value: rep.value, traceparent: rep.traceparent,
-		reentered: rep.reentered, expires: rep.expires}
+		reentered: rep.reentered, fresh: rep.fresh, expires: rep.expires}
 	switch {
 	case err != nil && isTimeout(err):
 		r.Outcome = OutcomeTimeout

@@ -113,6 +113,7 @@ type NodeResult struct {
 
 	traceparent string        // acquire: the refusing holder's trace context
 	reentered   bool          // acquire: a reentrant hold whose token was reused
+	fresh       uint64        // acquire, reentered: the token a new hold would get
 	expires     time.Duration // acquire, OutcomeHeld: the holder's key's TTL left
 }
 

@@ -457,18 +457,25 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		spec.script, spec.cmd = acquireScript, c.acquireCmd(l, wait)
 	}
 	rs := c.round(ctx, spec)
-	// A reentrant hold keeps the token its owner's hold recorded: any node
-	// that reports it knows the owner holds the lock with that token.
+	// A reentrant hold keeps the token its owner's hold recorded, when a
+	// quorum reports that hold: the owner then holds the lock with that
+	// token. A hold that fewer nodes report is stale (its release did not
+	// reach them, or ran out of order there), and its token may be older
+	// than another owner's since: the acquisition is a new hold, with a
+	// new token (each such node's fresh one) recorded by a fence round.
 	var token, kept uint64
-	reentered := false
+	again := 0
 	for _, r := range rs {
-		if r.Outcome == OutcomeOK {
+		switch {
+		case r.Outcome != OutcomeOK:
+		case r.reentered:
+			again++
+			kept, token = max(kept, r.token), max(token, r.fresh)
+		default:
 			token = max(token, r.token)
-			if r.reentered {
-				reentered, kept = true, max(kept, r.token)
-			}
 		}
 	}
+	reentered := again >= c.quorum
 	if reentered {
 		token = kept
 	}
@@ -575,11 +582,14 @@ func parseAcquire(v []any, err error) (reply, error) {
 	switch code, _ := v[0].(int64); code {
 	case 1:
 		token, _ := v[1].(int64)
-		var again int64
+		var again, fresh int64
 		if len(v) > 2 {
 			again, _ = v[2].(int64)
 		}
-		return reply{ok: true, token: uint64(token), reentered: again == 1}, nil
+		if len(v) > 3 {
+			fresh, _ = v[3].(int64)
+		}
+		return reply{ok: true, token: uint64(token), reentered: again == 1, fresh: uint64(fresh)}, nil
 	case 2:
 		return reply{gated: true}, nil
 	}

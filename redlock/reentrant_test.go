@@ -130,3 +130,61 @@ func TestReentrantFencedGatedLock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStaleReentrantHoldGetsANewToken: a hold whose release did not reach
+// one node stays there until its TTL. An acquisition by the same owner
+// after another owner has held the lock finds that stale hold on that node
+// only (here one of the two nodes that answer): it is a new hold, not a
+// re-entry, and its fencing token exceeds the other owner's (a re-entry
+// would reuse the stale, older token).
+func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes, redlock.WithFencing(true))
+	ctx := context.Background()
+	a, z := redlock.WithOwner("owner-a"), redlock.WithOwner("owner-z")
+	a1, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	// Node 2's copy of a1's hold, to put back after its release: a
+	// release that did not reach node 2 (or ran there out of order).
+	stale := map[string]string{}
+	for _, k := range []string{"r", "r:holds"} {
+		v, err := nodes[2].Dump(ctx, k).Result()
+		if err != nil {
+			t.Fatalf("DUMP %s on node 2: %v", k, err)
+		}
+		stale[k] = v
+	}
+	if err := a1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lz, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lz.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	for k, v := range stale {
+		if err := nodes[2].Restore(ctx, k, time.Minute, v).Err(); err != nil {
+			t.Fatalf("RESTORE %s on node 2: %v", k, err)
+		}
+	}
+	// Node 0 stopped: the quorum is nodes 1 (fresh) and 2 (the stale hold).
+	cl[0].Stop(t)
+	a2, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	cl[0].Cont(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a2.FencingToken() <= lz.FencingToken() {
+		t.Errorf("owner A's token %d after owner Z's %d (A's stale hold had %d): want it larger", a2.FencingToken(), lz.FencingToken(), a1.FencingToken())
+	}
+	if err := a2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -15,7 +15,7 @@ package redlock
 // Common arguments: ARGV[1] is the lock value, ARGV[2] a TTL in ms.
 
 // acquireScript grants when no lock key is held by another owner, and
-// returns {1, token, reentered}; otherwise it returns {0, the other
+// returns {1, token, reentered[, fresh token]}; otherwise it returns {0, the other
 // holder's value, that key's PTTL in ms} and changes nothing but, when
 // ARGV[7] is "1", the other holder's wait mark (below). A key that already
 // holds our owner token counts as ours: a retry after a lost reply never
@@ -40,7 +40,9 @@ package redlock
 //
 // With fencing the token is 1 + the largest counter of the lock's resources,
 // or, when a reentrant owner already holds every key and its hold recorded
-// a token, that token (reentered = 1). With restart gating a node without
+// a token, that token (reentered = 1), followed by 1 + the largest counter
+// (for an acquisition that a quorum does not confirm as a re-entry:
+// Client.attempt). With restart gating a node without
 // its marker stores the server time there and refuses ({2, ms left}) until
 // the gate has passed since then (redis.io distlock spec, "Performance,
 // crash recovery and fsync": delayed restarts); the marker has no TTL, so a
@@ -105,14 +107,14 @@ else
   end
 end
 if ARGV[4] ~= '1' then return {1, 0, 0} end
-if owner and mine == n then
-  local t = redis.call('HGET', KEYS[n + 1], '_t')
-  if t then return {1, tonumber(t), 1} end
-end
 local token = 0
 for i = foff + 1, foff + n do
   local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
   if c > token then token = c end
+end
+if owner and mine == n then
+  local t = redis.call('HGET', KEYS[n + 1], '_t')
+  if t then return {1, tonumber(t), 1, token + 1} end
 end
 return {1, token + 1, 0}
 `)
