@@ -213,13 +213,13 @@ func (n *node) sendOne(o *op) {
 	if n.sendsRaw(o) {
 		o.raw = redis.NewRawCmd(o.ctx, o.cmd...)
 		_ = n.rdb.Process(o.ctx, o.raw)
-		if o.cook(true) && !n.redo(o) {
+		if o.cook(true) && !n.redoAlone(o) {
 			return
 		}
 	}
 	for {
 		o.res = n.rdb.Do(o.ctx, o.cmd...)
-		if !n.redo(o) {
+		if !n.redoAlone(o) {
 			return
 		}
 	}
@@ -234,53 +234,69 @@ func (n *node) sendOne(o *op) {
 // re-sent after its lock's next attempt would delete the key that attempt
 // set, on a node it counts as held (today an undo round waits for every
 // node it calls, so the next attempt never shares its batch; the rule does
-// not rely on it). If it met NOSCRIPT, the re-send
-// pipeline loads its script instead, once, unless an op sent again as EVAL
-// does. Passing another lock's command changes no outcome that matters (a
-// release that passes another lock's acquire makes it be refused there,
-// as if it had come a moment sooner), and an op kept out for it would
-// leave its key (a release) or fail (an acquire) for nothing. No op is
-// sent again once its end has passed (while redo loaded a script, say).
+// not rely on it). Passing another lock's command changes no outcome that
+// matters (a release that passes another lock's acquire makes it be
+// refused there, as if it had come a moment sooner), and an op kept out
+// for it would leave its key (a release) or fail (an acquire) for nothing.
+// No op is sent again once its end has passed.
+//
+// A script that met NOSCRIPT and is not sent again (kept out, or past its
+// end) is loaded in the next pipeline instead, once per batch, unless an
+// EVAL of it goes there anyway; that pipeline then waits up to the node
+// timeout, also past the batch's deadline, so that a node slower than the
+// deadline still learns the script (redo).
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	var load []string // sources of scripts to load (SCRIPT LOAD runs nothing)
 	for first := true; len(batch) > 0 || len(load) > 0; first = false {
+		pctx, cancel := ctx, context.CancelFunc(nil)
 		if !first {
 			batch = dropEnded(batch)
+			load = slices.DeleteFunc(load, func(src string) bool {
+				return slices.ContainsFunc(batch, func(o *op) bool { return o.cmd[0] == "eval" && o.cmd[1] == src })
+			})
+			if len(load) > 0 {
+				end := time.Now().Add(n.timeout)
+				if d, ok := ctx.Deadline(); ok && d.After(end) {
+					end = d
+				}
+				pctx, cancel = context.WithDeadline(context.Background(), end)
+			}
 		}
 		pipe := n.rdb.Pipeline()
 		for _, src := range load {
-			pipe.ScriptLoad(ctx, src)
+			pipe.ScriptLoad(pctx, src)
 		}
 		load = nil
 		for _, o := range batch {
 			if n.sendsRaw(o) {
-				o.raw = redis.NewRawCmd(ctx, o.cmd...)
-				_ = pipe.Process(ctx, o.raw)
+				o.raw = redis.NewRawCmd(pctx, o.cmd...)
+				_ = pipe.Process(pctx, o.raw)
 			} else {
-				o.res = pipe.Do(ctx, o.cmd...)
+				o.res = pipe.Do(pctx, o.cmd...)
 			}
 		}
-		_, _ = pipe.Exec(ctx)
+		_, _ = pipe.Exec(pctx)
+		if cancel != nil {
+			cancel()
+		}
 		var again []*op
 		for i, o := range batch {
 			if o.raw != nil {
 				o.cook(false)
 			}
+			redo, src := n.redo(o)
 			switch {
-			case !n.redo(o):
+			case src != "": // NOSCRIPT after its end
+			case !redo:
 			case !passesOwnLock(o, batch[i+1:]):
 				again = append(again, o)
-			case o.cmd[0] == "eval":
-				// Kept out after NOSCRIPT: the node learns the script
-				// all the same, unless an EVAL of it goes again.
-				if src, _ := o.cmd[1].(string); !slices.Contains(load, src) {
-					load = append(load, src)
-				}
+			case o.cmd[0] == "eval": // kept out after NOSCRIPT
+				src, _ = o.cmd[1].(string)
+			}
+			if src != "" && !slices.Contains(load, src) {
+				load = append(load, src)
 			}
 		}
-		load = slices.DeleteFunc(load, func(src string) bool {
-			return slices.ContainsFunc(again, func(o *op) bool { return o.cmd[0] == "eval" && o.cmd[1] == src })
-		})
 		batch = again
 	}
 }
@@ -459,34 +475,43 @@ func (replyError) RedisError() {}
 // round's deadline, also not a second form. Each form is tried at most
 // once, so an op is sent at most three times (SET, EVALSHA, EVAL).
 //
-// A script that met NOSCRIPT after its deadline is loaded instead (SCRIPT
-// LOAD runs nothing): on a node slower than the node timeout every first
-// EVALSHA answers after its deadline, and without it the node would
-// answer NOSCRIPT to that script for good, so that no release would ever
-// delete a key there.
-func (n *node) redo(o *op) bool {
+// A script that met NOSCRIPT after its deadline is to be loaded instead
+// (SCRIPT LOAD runs nothing): redo returns its source as load. On a node
+// slower than the node timeout every first EVALSHA answers after its
+// deadline, and without it the node would answer NOSCRIPT to that script
+// for good, so that no release would ever delete a key there.
+func (n *node) redo(o *op) (again bool, load string) {
 	err := o.res.Err()
 	if err == nil || err == redis.Nil {
-		return false
+		return false, ""
 	}
 	late := o.ended(time.Now()) != nil
 	switch {
 	case o.script != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
 		if late {
-			n.load(o.script.src)
-			return false
+			return false, o.script.src
 		}
 		o.cmd, o.script = evalFallback(o), nil
-		return true
+		return true, ""
 	case o.alt && redis.HasErrorPrefix(err, "syntax error"):
 		n.oldServer.Store(true)
 		if late {
-			return false
+			return false, ""
 		}
 		o.useAlt()
-		return true
+		return true, ""
 	}
-	return false
+	return false, ""
+}
+
+// redoAlone is redo for an op sent alone (sendOne): it loads a script
+// that redo asks to load itself.
+func (n *node) redoAlone(o *op) bool {
+	again, load := n.redo(o)
+	if load != "" {
+		n.load(load)
+	}
+	return again
 }
 
 // useAlt makes o's command its script form (see op.alt).
