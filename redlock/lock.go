@@ -457,25 +457,28 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		spec.script, spec.cmd = acquireScript, c.acquireCmd(l, wait)
 	}
 	rs := c.round(ctx, spec)
-	// A reentrant hold keeps the token its owner's hold recorded, when a
-	// quorum reports that hold: the owner then holds the lock with that
-	// token. A hold that fewer nodes report is stale (its release did not
-	// reach them, or ran out of order there), and its token may be older
-	// than another owner's since: the acquisition is a new hold, with a
-	// new token (each such node's fresh one) recorded by a fence round.
+	// A reentrant hold keeps the token its owner's hold recorded (kept),
+	// unless another owner has recorded a larger one since: a hold that
+	// some node still reports may be stale (its release did not reach that
+	// node, or ran there out of order). Any larger token was recorded on a
+	// majority, which shares a node with this round's grants, and that
+	// node's fresh token (1 + its counter) then exceeds kept + 1: the
+	// acquisition is a new hold, with the largest fresh token, recorded by
+	// a fence round. Counting the nodes that report the hold cannot tell
+	// the two apart (a live hold's quorum may have a slow node).
 	var token, kept uint64
-	again := 0
+	again := false
 	for _, r := range rs {
 		switch {
 		case r.Outcome != OutcomeOK:
 		case r.reentered:
-			again++
+			again = true
 			kept, token = max(kept, r.token), max(token, r.fresh)
 		default:
 			token = max(token, r.token)
 		}
 	}
-	reentered := again >= c.quorum
+	reentered := again && kept+1 >= token
 	if reentered {
 		token = kept
 	}

@@ -240,45 +240,36 @@ func (n *node) sendOne(o *op) {
 // for it would leave its key (a release) or fail (an acquire) for nothing.
 // No op is sent again once its end has passed.
 //
-// A script that met NOSCRIPT and is not sent again (kept out, or past its
-// end) is loaded in the next pipeline instead, once per batch, unless an
-// EVAL of it goes there anyway; that pipeline then waits up to the node
-// timeout, also past the batch's deadline, so that a node slower than the
-// deadline still learns the script (redo).
+// A script that met NOSCRIPT and is not sent again (kept out, past its
+// end, or dropped at its end as EVAL) is loaded before the next pipeline
+// instead, once per batch, unless an EVAL of it goes there anyway: in a
+// pipeline of its own, which waits up to the node timeout, also past the
+// batch's deadline, so that a node slower than the deadline still learns
+// the script (redo); the ops keep the batch's context.
 func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	var load []string // sources of scripts to load (SCRIPT LOAD runs nothing)
 	for first := true; len(batch) > 0 || len(load) > 0; first = false {
-		pctx, cancel := ctx, context.CancelFunc(nil)
 		if !first {
-			batch = dropEnded(batch)
+			batch, load = dropEnded(batch, load)
 			load = slices.DeleteFunc(load, func(src string) bool {
 				return slices.ContainsFunc(batch, func(o *op) bool { return o.cmd[0] == "eval" && o.cmd[1] == src })
 			})
-			if len(load) > 0 {
-				end := time.Now().Add(n.timeout)
-				if d, ok := ctx.Deadline(); ok && d.After(end) {
-					end = d
-				}
-				pctx, cancel = context.WithDeadline(context.Background(), end)
+			n.loadAll(ctx, load)
+			load = nil
+			if len(batch) == 0 {
+				return
 			}
 		}
 		pipe := n.rdb.Pipeline()
-		for _, src := range load {
-			pipe.ScriptLoad(pctx, src)
-		}
-		load = nil
 		for _, o := range batch {
 			if n.sendsRaw(o) {
-				o.raw = redis.NewRawCmd(pctx, o.cmd...)
-				_ = pipe.Process(pctx, o.raw)
+				o.raw = redis.NewRawCmd(ctx, o.cmd...)
+				_ = pipe.Process(ctx, o.raw)
 			} else {
-				o.res = pipe.Do(pctx, o.cmd...)
+				o.res = pipe.Do(ctx, o.cmd...)
 			}
 		}
-		_, _ = pipe.Exec(pctx)
-		if cancel != nil {
-			cancel()
-		}
+		_, _ = pipe.Exec(ctx)
 		var again []*op
 		for i, o := range batch {
 			if o.raw != nil {
@@ -302,19 +293,43 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 }
 
 // dropEnded gives the ops of batch whose end has passed that error, and
-// returns the others.
-func dropEnded(batch []*op) []*op {
+// returns the others, and load with the source of each dropped EVAL (its
+// script is still to be loaded).
+func dropEnded(batch []*op, load []string) ([]*op, []string) {
 	now := time.Now()
 	live := batch[:0]
 	for _, o := range batch {
 		if err := o.ended(now); err != nil {
 			o.res = redis.NewCmd(o.ctx, o.cmd...)
 			o.res.SetErr(err)
+			if src, ok := o.cmd[1].(string); o.cmd[0] == "eval" && ok && !slices.Contains(load, src) {
+				load = append(load, src)
+			}
 			continue
 		}
 		live = append(live, o)
 	}
-	return live
+	return live, load
+}
+
+// loadAll loads the scripts of sources srcs on n in one pipeline, waiting
+// up to the node timeout, or until ctx's deadline if that is later (a
+// failure is left to the next NOSCRIPT).
+func (n *node) loadAll(ctx context.Context, srcs []string) {
+	if len(srcs) == 0 {
+		return
+	}
+	end := time.Now().Add(n.timeout)
+	if d, ok := ctx.Deadline(); ok && d.After(end) {
+		end = d
+	}
+	lctx, cancel := context.WithDeadline(context.Background(), end)
+	defer cancel()
+	pipe := n.rdb.Pipeline()
+	for _, src := range srcs {
+		pipe.ScriptLoad(lctx, src)
+	}
+	_, _ = pipe.Exec(lctx)
 }
 
 // passesOwnLock reports whether o, sent after later, would pass a command

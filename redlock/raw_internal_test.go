@@ -130,17 +130,21 @@ func TestCmdKeys(t *testing.T) {
 }
 
 // TestDropEnded: ops whose end has passed get that error and are not sent
-// again; the others keep their order.
+// again; the others keep their order. A dropped EVAL's script is still to
+// be loaded.
 func TestDropEnded(t *testing.T) {
 	ctx := context.Background()
 	past, future := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
-	cmd := []any{"evalsha", "sha", 1, "k"}
+	cmd := []any{"eval", "return 1", 1, "k"}
 	a := &op{ctx: ctx, deadline: future, cmd: cmd}
 	b := &op{ctx: ctx, deadline: past, cmd: cmd}
 	c := &op{ctx: ctx, deadline: future, cmd: cmd}
-	live := dropEnded([]*op{a, b, c})
+	live, load := dropEnded([]*op{a, b, c}, nil)
 	if len(live) != 2 || live[0] != a || live[1] != c {
 		t.Errorf("dropEnded kept %v, want the two live ops in order", live)
+	}
+	if !slices.Equal(load, []string{"return 1"}) {
+		t.Errorf("dropEnded: scripts to load %q, want the dropped EVAL's", load)
 	}
 	if b.res == nil || !errors.Is(b.res.Err(), context.DeadlineExceeded) {
 		t.Errorf("the ended op's result: %v, want DeadlineExceeded", b.res)

@@ -188,3 +188,39 @@ func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNestedHoldKeepsItsTokenWithAStoppedNode: a nested hold whose grants
+// come from one node that reports the owner's hold and one that lost it
+// (here the third node is stopped) is a re-entry all the same: no other
+// owner has recorded a larger token, so it keeps the outer hold's token,
+// and the outer hold's writes stay valid.
+func TestNestedHoldKeepsItsTokenWithAStoppedNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes, redlock.WithFencing(true))
+	ctx := context.Background()
+	a := redlock.WithOwner("owner-a")
+	a1, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	// Node 0 loses the hold (its fencing counter stays); node 1 stops.
+	if err := nodes[0].Del(ctx, "r", "r:holds").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cl[1].Stop(t)
+	a2, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	cl[1].Cont(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a2.FencingToken() != a1.FencingToken() {
+		t.Errorf("nested hold's token %d, outer hold's %d: want the same", a2.FencingToken(), a1.FencingToken())
+	}
+	for _, l := range []*redlock.Lock{a2, a1} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
