@@ -619,7 +619,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 	}
 	return c.round(ctx, roundSpec{
 		op:     "fence",
-		script: fenceScript, cmd: evalArgs(fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner),
+		script: fenceScript, cmd: evalArgs(fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner, l.aid),
 		parse: okParse(1),
 		early: true,
 		lock:  l,

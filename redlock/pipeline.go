@@ -251,11 +251,16 @@ func (n *node) sendPipeline(ctx context.Context, batch []*op) {
 	for first := true; len(batch) > 0 || len(load) > 0; first = false {
 		if !first {
 			batch, load = dropEnded(batch, load)
-			load = slices.DeleteFunc(load, func(src string) bool {
-				return slices.ContainsFunc(batch, func(o *op) bool { return o.cmd[0] == "eval" && o.cmd[1] == src })
-			})
-			n.loadAll(ctx, load)
-			load = nil
+			for {
+				load = slices.DeleteFunc(load, func(src string) bool {
+					return slices.ContainsFunc(batch, func(o *op) bool { return o.cmd[0] == "eval" && o.cmd[1] == src })
+				})
+				if len(load) == 0 {
+					break
+				}
+				n.loadAll(ctx, load)
+				batch, load = dropEnded(batch, nil) // ended during the load
+			}
 			if len(batch) == 0 {
 				return
 			}

@@ -132,11 +132,12 @@ func TestReentrantFencedGatedLock(t *testing.T) {
 }
 
 // TestStaleReentrantHoldGetsANewToken: a hold whose release did not reach
-// one node stays there until its TTL. An acquisition by the same owner
-// after another owner has held the lock finds that stale hold on that node
-// only (here one of the two nodes that answer): it is a new hold, not a
-// re-entry, and its fencing token exceeds the other owner's (a re-entry
-// would reuse the stale, older token).
+// one node stays there until its TTL. Another owner then takes the lock
+// (its fence must not note its token in that stale hold), and the first
+// owner's next acquisition finds its stale hold on that node only (here
+// one of the two nodes that answer): it is a new hold, not a re-entry, and
+// its fencing token exceeds the other owner's (a re-entry would reuse the
+// stale token, or the other owner's).
 func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	nodes := cl.Clients(t)
@@ -148,8 +149,8 @@ func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSettled(t, c)
-	// Node 2's copy of a1's hold, to put back after its release: a
-	// release that did not reach node 2 (or ran there out of order).
+	// Node 2's copy of a1's hold, put back after its release: a release
+	// that did not reach node 2 (or ran there out of order).
 	stale := map[string]string{}
 	for _, k := range []string{"r", "r:holds"} {
 		v, err := nodes[2].Dump(ctx, k).Result()
@@ -161,7 +162,13 @@ func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 	if err := a1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	lz, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, z)
+	waitSettled(t, c)
+	for k, v := range stale {
+		if err := nodes[2].Restore(ctx, k, time.Minute, v).Err(); err != nil {
+			t.Fatalf("RESTORE %s on node 2: %v", k, err)
+		}
+	}
+	lz, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, z) // nodes 0 and 1
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,11 +176,6 @@ func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSettled(t, c)
-	for k, v := range stale {
-		if err := nodes[2].Restore(ctx, k, time.Minute, v).Err(); err != nil {
-			t.Fatalf("RESTORE %s on node 2: %v", k, err)
-		}
-	}
 	// Node 0 stopped: the quorum is nodes 1 (fresh) and 2 (the stale hold).
 	cl[0].Stop(t)
 	a2, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)

@@ -122,7 +122,9 @@ return {1, token + 1, 0}
 // fenceScript records a fencing token: when every counter (KEYS[1..n]) is
 // below ARGV[1] it sets them all to it with TTL ARGV[2] ms, notes the token
 // in the holds hashes of a reentrant lock (KEYS[n+1..2n], when ARGV[3] is
-// "1" and the hash exists), and returns 1; otherwise (another acquisition
+// "1" and the hash holds this acquisition's ID ARGV[4]: never in another
+// owner's hold, stale on a node its release did not reach, whose next
+// re-entry would take the token), and returns 1; otherwise (another acquisition
 // has already recorded this token or a larger one) it changes nothing and
 // returns 0. Because every recorded token is on a majority and needs a
 // majority of nodes below it, two acquisitions never both record the same
@@ -137,7 +139,7 @@ for i = 1, n do
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  if ARGV[3] == '1' and redis.call('EXISTS', KEYS[n + i]) == 1 then
+  if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[n + i], ARGV[4]) == 1 then
     redis.call('HSET', KEYS[n + i], '_t', ARGV[1])
   end
 end
