@@ -15,8 +15,8 @@ package redlock
 // Common arguments: ARGV[1] is the lock value, ARGV[2] a TTL in ms.
 
 // acquireScript grants when no lock key is held by another owner, and
-// returns {1, token, reentered[, fresh token]}; otherwise it returns {0, the other
-// holder's value, that key's PTTL in ms} and changes nothing but, when
+// returns {1, token, reentered[, fresh token]}; otherwise it returns {0,
+// the other holder's value, that key's PTTL in ms} and changes nothing but, when
 // ARGV[7] is "1", the other holder's wait mark (below). A key that already
 // holds our owner token counts as ours: a retry after a lost reply never
 // blocks itself (redis.io distlock spec, step 2, made multi-key and
@@ -41,8 +41,8 @@ package redlock
 // With fencing the token is 1 + the largest counter of the lock's resources,
 // or, when a reentrant owner already holds every key and its hold recorded
 // a token, that token (reentered = 1), followed by 1 + the largest counter
-// (for an acquisition that a quorum does not confirm as a re-entry:
-// Client.attempt). With restart gating a node without
+// (which tells a live re-entry from a stale hold: Client.attempt). With
+// restart gating a node without
 // its marker stores the server time there and refuses ({2, ms left}) until
 // the gate has passed since then (redis.io distlock spec, "Performance,
 // crash recovery and fsync": delayed restarts); the marker has no TTL, so a
@@ -124,9 +124,9 @@ return {1, token + 1, 0}
 // in the holds hashes of a reentrant lock (KEYS[n+1..2n], when ARGV[3] is
 // "1" and the hash holds this acquisition's ID ARGV[4]: never in another
 // owner's hold, stale on a node its release did not reach, whose next
-// re-entry would take the token), and returns 1; otherwise (another acquisition
-// has already recorded this token or a larger one) it changes nothing and
-// returns 0. Because every recorded token is on a majority and needs a
+// re-entry would take the token), and returns 1; otherwise (another
+// acquisition has already recorded this token or a larger one) it changes
+// nothing and returns 0. Because every recorded token is on a majority and needs a
 // majority of nodes below it, two acquisitions never both record the same
 // token.
 var fenceScript = newScript(`
