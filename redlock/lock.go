@@ -491,6 +491,8 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		// that every later acquisition's quorum sees it.
 		if frs := c.fence(ctx, l, token); count(frs, OutcomeOK) < c.quorum {
 			qerr = c.quorumError("fence", l.resources, frs, ErrNotAcquired)
+		} else if l.aid != "" {
+			c.note(ctx, l, token)
 		}
 	}
 	validity := ttl - time.Since(start) - c.drift(ttl)
@@ -610,16 +612,23 @@ func parseAcquire(v []any, err error) (reply, error) {
 // fence records token on the fencing counters of l on every node (see
 // fenceScript) and returns the round's results.
 func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult {
-	// A new slice: fenceKeys aliases l.keys, and appending to it would
-	// overwrite the gate marker that follows.
-	keys := slices.Concat(l.fenceKeys(), l.holdKeys())
-	owner := "0"
-	if l.aid != "" {
-		owner = "1"
-	}
 	return c.round(ctx, roundSpec{
 		op:     "fence",
-		script: fenceScript, cmd: evalArgs(fenceScript, keys, token, c.cfg.fencingRetention.Milliseconds(), owner, l.aid),
+		script: fenceScript, cmd: evalArgs(fenceScript, l.fenceKeys(), token, c.cfg.fencingRetention.Milliseconds()),
+		parse: okParse(1),
+		early: true,
+		lock:  l,
+	})
+}
+
+// note notes token, recorded on a majority, in the holds of reentrant l
+// on every node (see noteScript), for the owner's re-entries. Best
+// effort: a node without it gives the next re-entry a new token
+// (Client.attempt), which is larger, so tokens stay monotonic.
+func (c *Client) note(ctx context.Context, l *Lock, token uint64) {
+	c.round(ctx, roundSpec{
+		op:     "fence",
+		script: noteScript, cmd: evalArgs(noteScript, l.holdKeys(), token, l.aid),
 		parse: okParse(1),
 		early: true,
 		lock:  l,

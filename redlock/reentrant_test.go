@@ -3,8 +3,12 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -224,5 +228,96 @@ func TestNestedHoldKeepsItsTokenWithAStoppedNode(t *testing.T) {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestFailedFenceLeavesNoToken: a new reentrant hold whose record round
+// reaches only a minority fails and is undone, and its token, handed to
+// nobody, must not become the token of the owner's next re-entry: every
+// token handed out is recorded on a majority. (The record round noted its
+// token in the holds before it knew it had a majority; now the holds get
+// it only after.)
+func TestFailedFenceLeavesNoToken(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	failing := &failKey{key: "r:fencing"}
+	for _, rdb := range nodes[1:] {
+		rdb.(*redis.Client).AddHook(failing)
+	}
+	c := newClient(t, nodes, redlock.WithFencing(true))
+	ctx := context.Background()
+	a := redlock.WithOwner("owner-a")
+	a1, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	// Counters above the outer hold's token on nodes 0 and 1 (a device:
+	// every quorum then sees one) make A's next acquisition a new hold,
+	// whose record round fails on nodes 1 and 2.
+	for _, rdb := range nodes[:2] {
+		if err := rdb.Set(ctx, "r:fencing", 5, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failing.on.Store(true)
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("acquisition whose record round reached one node: %v, want ErrNotAcquired", err)
+	}
+	failing.on.Store(false)
+	waitSettled(t, c)
+	a3, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := 0
+	for _, rdb := range nodes {
+		if n, _ := rdb.Get(ctx, "r:fencing").Uint64(); n >= a3.FencingToken() {
+			recorded++
+		}
+	}
+	if recorded < 2 {
+		t.Errorf("token %d is recorded on %d of 3 nodes, want a majority (the outer hold had %d)", a3.FencingToken(), recorded, a1.FencingToken())
+	}
+	for _, l := range []*redlock.Lock{a3, a1} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// failKey is a go-redis hook that, while on, fails every command whose
+// first key is key without sending it.
+type failKey struct {
+	key string
+	on  atomic.Bool
+}
+
+func (h *failKey) fails(cmd redis.Cmder) bool {
+	if a := cmd.Args(); h.on.Load() && len(a) > 3 && a[3] == h.key {
+		cmd.SetErr(errors.New("injected failure"))
+		return true
+	}
+	return false
+}
+
+func (h *failKey) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.fails(cmd) {
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		rest := slices.DeleteFunc(slices.Clone(cmds), h.fails)
+		if len(rest) == 0 {
+			return nil
+		}
+		return next(ctx, rest)
 	}
 }

@@ -119,28 +119,35 @@ end
 return {1, token + 1, 0}
 `)
 
-// fenceScript records a fencing token: when every counter (KEYS[1..n]) is
-// below ARGV[1] it sets them all to it with TTL ARGV[2] ms, notes the token
-// in the holds hashes of a reentrant lock (KEYS[n+1..2n], when ARGV[3] is
-// "1" and the hash holds this acquisition's ID ARGV[4]: never in another
-// owner's hold, stale on a node its release did not reach, whose next
-// re-entry would take the token), and returns 1; otherwise (another
-// acquisition has already recorded this token or a larger one) it changes
-// nothing and returns 0. Because every recorded token is on a majority and needs a
-// majority of nodes below it, two acquisitions never both record the same
-// token.
+// fenceScript records a fencing token: when every counter (KEYS) is below
+// ARGV[1] it sets them all to it with TTL ARGV[2] ms and returns 1;
+// otherwise (another acquisition has already recorded this token or a
+// larger one) it changes nothing and returns 0. Because every recorded
+// token is on a majority and needs a majority of nodes below it, two
+// acquisitions never both record the same token.
 var fenceScript = newScript(`
 local t = tonumber(ARGV[1])
-local n = #KEYS
-if ARGV[3] == '1' then n = n / 2 end
-for i = 1, n do
+for i = 1, #KEYS do
   local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
   if c >= t then return 0 end
 end
-for i = 1, n do
+for i = 1, #KEYS do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[n + i], ARGV[4]) == 1 then
-    redis.call('HSET', KEYS[n + i], '_t', ARGV[1])
+end
+return 1
+`)
+
+// noteScript notes the token ARGV[1] of a reentrant hold, once a fence
+// round has recorded it on a majority, in the holds hashes (KEYS) that
+// hold its acquisition ID ARGV[2] (field "_t"), for the owner's
+// re-entries: never in another owner's hold (stale on a node its release
+// did not reach, whose next re-entry would take the token), and never
+// for a record round that failed (its token was handed to nobody). It
+// returns 1.
+var noteScript = newScript(`
+for i = 1, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2]) == 1 then
+    redis.call('HSET', KEYS[i], '_t', ARGV[1])
   end
 end
 return 1
