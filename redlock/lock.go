@@ -627,7 +627,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 // (Client.attempt), which is larger, so tokens stay monotonic.
 func (c *Client) note(ctx context.Context, l *Lock, token uint64) {
 	c.round(ctx, roundSpec{
-		op:     "fence",
+		op:     "note",
 		script: noteScript, cmd: evalArgs(noteScript, l.holdKeys(), token, l.aid),
 		parse: okParse(1),
 		early: true,
