@@ -718,7 +718,7 @@ func cmdCalls(info, name string) int {
 func TestServerWithoutSetNXGet(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	nodes := cl.Clients(t)
-	old := &rejectSetGet{}
+	old := newRejectHook(isSetGet, syntaxError{}) // as Redis 6 answers SET NX GET
 	nodes[0].(*redis.Client).AddHook(old)
 	c := newClient(t, nodes)
 	ctx := context.Background()
@@ -765,28 +765,35 @@ func TestServerWithoutSetNXGet(t *testing.T) {
 	}
 }
 
-// rejectSetGet is a go-redis hook that answers SET ... GET as Redis 6
-// answers SET NX GET: with a syntax error, without sending it.
-type rejectSetGet struct{ rejected atomic.Int32 }
+// rejectHook is a go-redis hook that, while on, answers each command whose
+// arguments match with err, without sending it, alone or in a pipeline;
+// rejected counts them.
+type rejectHook struct {
+	match    func(args []any) bool
+	err      error
+	on       atomic.Bool
+	rejected atomic.Int32
+}
 
-type syntaxError struct{}
+// newRejectHook returns a rejectHook that is on.
+func newRejectHook(match func(args []any) bool, err error) *rejectHook {
+	h := &rejectHook{match: match, err: err}
+	h.on.Store(true)
+	return h
+}
 
-func (syntaxError) Error() string { return "ERR syntax error" }
-func (syntaxError) RedisError()   {}
-
-func (h *rejectSetGet) reject(cmd redis.Cmder) bool {
-	args := cmd.Args()
-	if len(args) < 2 || !strings.EqualFold(fmt.Sprint(args[0]), "set") || !strings.EqualFold(fmt.Sprint(args[len(args)-1]), "get") {
+func (h *rejectHook) reject(cmd redis.Cmder) bool {
+	if !h.on.Load() || !h.match(cmd.Args()) {
 		return false
 	}
 	h.rejected.Add(1)
-	cmd.SetErr(syntaxError{})
+	cmd.SetErr(h.err)
 	return true
 }
 
-func (h *rejectSetGet) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *rejectHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *rejectSetGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *rejectHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if h.reject(cmd) {
 			return cmd.Err()
@@ -795,20 +802,26 @@ func (h *rejectSetGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (h *rejectSetGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *rejectHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		var rest []redis.Cmder
-		for _, cmd := range cmds {
-			if !h.reject(cmd) {
-				rest = append(rest, cmd)
-			}
-		}
+		rest := slices.DeleteFunc(slices.Clone(cmds), h.reject)
 		if len(rest) == 0 {
 			return nil
 		}
 		return next(ctx, rest)
 	}
 }
+
+// isSetGet matches SET ... GET, which Redis before 7.0 answers with a
+// syntax error when it also has NX.
+func isSetGet(args []any) bool {
+	return len(args) >= 2 && strings.EqualFold(fmt.Sprint(args[0]), "set") && strings.EqualFold(fmt.Sprint(args[len(args)-1]), "get")
+}
+
+type syntaxError struct{}
+
+func (syntaxError) Error() string { return "ERR syntax error" }
+func (syntaxError) RedisError()   {}
 
 // TestNodeSlowerThanNodeTimeoutIsCleaned: on a node whose link is slower
 // than the node timeout every first EVALSHA answers NOSCRIPT after its

@@ -3,8 +3,6 @@ package redlock_test
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,16 +141,8 @@ func TestReentrantFencedGatedLock(t *testing.T) {
 // its fencing token exceeds the other owner's (a re-entry would reuse the
 // stale token, or the other owner's).
 func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
-	cl := redlocktest.Start(t, 3)
-	nodes := cl.Clients(t)
-	c := newClient(t, nodes, redlock.WithFencing(true))
-	ctx := context.Background()
-	a, z := redlock.WithOwner("owner-a"), redlock.WithOwner("owner-z")
-	a1, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitSettled(t, c)
+	cl, nodes, c, a, a1 := fencedHold(t)
+	ctx, z := context.Background(), redlock.WithOwner("owner-z")
 	// Node 2's copy of a1's hold, put back after its release: a release
 	// that did not reach node 2 (or ran there out of order).
 	stale := map[string]string{}
@@ -201,16 +191,8 @@ func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 // owner has recorded a larger token, so it keeps the outer hold's token,
 // and the outer hold's writes stay valid.
 func TestNestedHoldKeepsItsTokenWithAStoppedNode(t *testing.T) {
-	cl := redlocktest.Start(t, 3)
-	nodes := cl.Clients(t)
-	c := newClient(t, nodes, redlock.WithFencing(true))
+	cl, nodes, c, a, a1 := fencedHold(t)
 	ctx := context.Background()
-	a := redlock.WithOwner("owner-a")
-	a1, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitSettled(t, c)
 	// Node 0 loses the hold (its fencing counter stays); node 1 stops.
 	if err := nodes[0].Del(ctx, "r", "r:holds").Err(); err != nil {
 		t.Fatal(err)
@@ -238,20 +220,13 @@ func TestNestedHoldKeepsItsTokenWithAStoppedNode(t *testing.T) {
 // token in the holds before it knew it had a majority; now the holds get
 // it only after.)
 func TestFailedFenceLeavesNoToken(t *testing.T) {
-	cl := redlocktest.Start(t, 3)
-	nodes := cl.Clients(t)
-	failing := &failKey{key: "r:fencing"}
+	cl, nodes, c, a, a1 := fencedHold(t)
+	ctx := context.Background()
+	failing := newRejectHook(func(a []any) bool { return len(a) > 3 && a[3] == "r:fencing" }, errors.New("injected failure"))
+	failing.on.Store(false)
 	for _, rdb := range nodes[1:] {
 		rdb.(*redis.Client).AddHook(failing)
 	}
-	c := newClient(t, nodes, redlock.WithFencing(true))
-	ctx := context.Background()
-	a := redlock.WithOwner("owner-a")
-	a1, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitSettled(t, c)
 	// Counters above the outer hold's token on nodes 0 and 1 (a device:
 	// every quorum then sees one) make A's next acquisition a new hold,
 	// whose record round fails on nodes 1 and 2.
@@ -291,38 +266,18 @@ func TestFailedFenceLeavesNoToken(t *testing.T) {
 	}
 }
 
-// failKey is a go-redis hook that, while on, fails every command whose
-// first key is key without sending it.
-type failKey struct {
-	key string
-	on  atomic.Bool
-}
-
-func (h *failKey) fails(cmd redis.Cmder) bool {
-	if a := cmd.Args(); h.on.Load() && len(a) > 3 && a[3] == h.key {
-		cmd.SetErr(errors.New("injected failure"))
-		return true
+// fencedHold starts 3 nodes and a Client with fencing, and returns them
+// with owner A's option and A's settled hold of "r".
+func fencedHold(t *testing.T) (redlocktest.Cluster, []redis.UniversalClient, *redlock.Client, redlock.AcquireOption, *redlock.Lock) {
+	t.Helper()
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes, redlock.WithFencing(true))
+	a := redlock.WithOwner("owner-a")
+	a1, err := c.TryAcquire(context.Background(), []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return false
-}
-
-func (h *failKey) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *failKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.fails(cmd) {
-			return cmd.Err()
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h *failKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		rest := slices.DeleteFunc(slices.Clone(cmds), h.fails)
-		if len(rest) == 0 {
-			return nil
-		}
-		return next(ctx, rest)
-	}
+	waitSettled(t, c)
+	return cl, nodes, c, a, a1
 }
