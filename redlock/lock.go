@@ -465,7 +465,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	// node's fresh token (1 + its counter) then exceeds kept + 1: the
 	// acquisition is a new hold, with the largest fresh token, recorded by
 	// a fence round. Counting the nodes that report the hold cannot tell
-	// the two apart (a live hold's quorum may have a slow node).
+	// the two apart (a live hold's quorum may have a slow node). Gap
+	// (docs/fencing.md): the shared node may have answered before a
+	// holder whose hold overlapped this round recorded its token there.
 	var token, kept uint64
 	again := false
 	for _, r := range rs {
