@@ -299,7 +299,7 @@ type roundState struct {
 // roundSpec describes one quorum round: one script, with the same keys and
 // arguments, on every node.
 type roundSpec struct {
-	op      string        // for telemetry: acquire, undo, fence, note, extend, release, holder
+	op      string        // for telemetry: acquire, undo, fence, check, note, extend, release, holder
 	attempt int           // acquire rounds: 1-based attempt number
 	ttl     time.Duration // acquire rounds: the TTL, for the validity attribute
 	script  *luaScript    // nil: cmd is a plain command

@@ -465,9 +465,11 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	// node's fresh token (1 + its counter) then exceeds kept + 1: the
 	// acquisition is a new hold, with the largest fresh token, recorded by
 	// a fence round. Counting the nodes that report the hold cannot tell
-	// the two apart (a live hold's quorum may have a slow node). Gap
-	// (docs/fencing.md): the shared node may have answered before a
-	// holder whose hold overlapped this round recorded its token there.
+	// the two apart (a live hold's quorum may have a slow node). The shared
+	// node may have answered, though, before a holder whose hold
+	// overlapped this round recorded its token there: so a re-entry is
+	// confirmed by a check round after the grants (checkScript: every
+	// counter at most kept, on a majority), or becomes a new hold.
 	var token, kept uint64
 	again := false
 	for _, r := range rs {
@@ -480,7 +482,17 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 			token = max(token, r.token)
 		}
 	}
-	reentered := again && kept+1 >= token
+	reentered := again && kept+1 >= token && count(rs, OutcomeOK) >= c.quorum
+	if reentered {
+		if crs := c.check(ctx, l, kept); count(crs, OutcomeOK) < c.quorum {
+			reentered = false
+			for _, r := range crs {
+				if r.Outcome == OutcomeOK || r.Outcome == OutcomeHeld {
+					token = max(token, r.token+1)
+				}
+			}
+		}
+	}
 	if reentered {
 		token = kept
 	}
@@ -621,6 +633,33 @@ func (c *Client) fence(ctx context.Context, l *Lock, token uint64) []NodeResult 
 		early: true,
 		lock:  l,
 	})
+}
+
+// check runs checkScript with kept, the token a re-entry of reentrant l
+// would keep, on every node: OK where every counter of l is at most kept,
+// and each node's largest counter as its token.
+func (c *Client) check(ctx context.Context, l *Lock, kept uint64) []NodeResult {
+	return c.round(ctx, roundSpec{
+		op:     "check",
+		script: checkScript, cmd: evalArgs(checkScript, l.fenceKeys(), kept),
+		parse: parseCheck,
+		early: true,
+		lock:  l,
+	})
+}
+
+// parseCheck reads checkScript's reply {ok, largest counter}.
+func parseCheck(cmd *redis.Cmd) (reply, error) {
+	v, err := cmd.Slice()
+	if err != nil {
+		return reply{}, err
+	}
+	if len(v) < 2 {
+		return reply{}, fmt.Errorf("redlock: unexpected check reply %v", v)
+	}
+	ok, _ := v[0].(int64)
+	m, _ := v[1].(int64)
+	return reply{ok: ok == 1, token: uint64(m)}, nil
 }
 
 // note notes token, recorded on a majority, in the holds of reentrant l

@@ -143,7 +143,8 @@ func WithRetry(factory func() backoff.BackOff) SharedOption {
 // numbers that strictly increase across successive holders of a resource,
 // for the protected resource to reject writes that carry an older token. It
 // costs one more quorum round per acquisition (two for a new reentrant
-// hold: the token is then noted for its re-entries). Default off. docs/fencing.md
+// hold: the token is then noted for its re-entries; a re-entry's round
+// checks its kept token). Default off. docs/fencing.md
 // gives the design and its assumptions.
 func WithFencing(on bool) SharedOption {
 	return SharedOption{

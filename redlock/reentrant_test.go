@@ -3,6 +3,8 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -280,4 +282,99 @@ func fencedHold(t *testing.T) (redlocktest.Cluster, []redis.UniversalClient, *re
 	}
 	waitSettled(t, c)
 	return cl, nodes, c, a, a1
+}
+
+// TestReentryCheckedAfterItsGrants: a re-entry that would keep its
+// owner's token is checked after its grants. Here node 0 reports the
+// owner's hold before another owner, P, records token 2 on nodes 0 and 1
+// (P's hold overlapping the round), and node 2 grants after that: no node
+// of the round shows P's token, yet the re-entry must not keep token 1
+// after P's 2. The check round sees P's counters and makes it a new hold.
+func TestReentryCheckedAfterItsGrants(t *testing.T) {
+	cl, nodes, c, a, _ := fencedHold(t)
+	ctx := context.Background()
+	direct := cl.Clients(t)
+	// The owner's hold stays on node 0 only; P holds r on node 1.
+	for _, rdb := range direct[1:] {
+		if err := rdb.Del(ctx, "r", "r:holds").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := direct[1].Set(ctx, "r", "ppppppppppppppppppppppppppppppppTp", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	isAcquire := func(a []any) bool { return len(a) > 3 && a[0] == "evalsha" && a[3] == "r" }
+	answered := make(chan struct{})
+	var once, recorded sync.Once
+	nodes[0].(*redis.Client).AddHook(afterHook{match: isAcquire, fn: func() { once.Do(func() { close(answered) }) }})
+	nodes[2].(*redis.Client).AddHook(beforeHook{match: isAcquire, fn: func() {
+		recorded.Do(func() {
+			select {
+			case <-answered:
+			case <-time.After(5 * time.Second):
+				t.Error("node 0 never answered the re-entry")
+			}
+			for _, rdb := range direct[:2] { // P records token 2
+				rdb.Set(ctx, "r:fencing", 2, time.Minute)
+			}
+		})
+	}})
+	a2, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a2.FencingToken() <= 2 {
+		t.Errorf("re-entry's token %d after P's 2 (recorded on nodes 0 and 1 during the round): want it larger", a2.FencingToken())
+	}
+}
+
+// afterHook and beforeHook are go-redis hooks that call fn after (before)
+// a command or pipeline with a command whose arguments match.
+type afterHook struct {
+	match func(args []any) bool
+	fn    func()
+}
+
+func (h afterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h afterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.match(cmd.Args()) {
+			h.fn()
+		}
+		return err
+	}
+}
+
+func (h afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return h.match(c.Args()) }) {
+			h.fn()
+		}
+		return err
+	}
+}
+
+type beforeHook afterHook
+
+func (h beforeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h beforeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.match(cmd.Args()) {
+			h.fn()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h beforeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return h.match(c.Args()) }) {
+			h.fn()
+		}
+		return next(ctx, cmds)
+	}
 }

@@ -137,6 +137,21 @@ end
 return 1
 `)
 
+// checkScript confirms a re-entry that would keep the token ARGV[1]: it
+// returns {1, the largest counter} when every counter (KEYS) is at most
+// ARGV[1], else {0, the largest counter}. It changes nothing. Run after
+// the re-entry's grants, it sees every token recorded before them.
+var checkScript = newScript(`
+local k = tonumber(ARGV[1])
+local m = 0
+for i = 1, #KEYS do
+  local c = tonumber(redis.call('GET', KEYS[i]) or '0') or 0
+  if c > m then m = c end
+end
+if m <= k then return {1, m} end
+return {0, m}
+`)
+
 // noteScript notes the token ARGV[1] of a reentrant hold, once a fence
 // round has recorded it on a majority, in the holds hashes (KEYS) that
 // hold its acquisition ID ARGV[2] (field "_t"), for the owner's
