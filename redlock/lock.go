@@ -483,14 +483,23 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		}
 	}
 	reentered := again && kept+1 >= token && count(rs, OutcomeOK) >= c.quorum
+	var checkErr *QuorumError
 	if reentered {
-		if crs := c.check(ctx, l, kept); count(crs, OutcomeOK) < c.quorum {
+		// A node with a larger counter makes it a new hold; too few
+		// answers leave it unknown, and the attempt fails (a new token
+		// would fence off the outer hold's writes for nothing).
+		crs := c.check(ctx, l, kept)
+		switch {
+		case count(crs, OutcomeOK) >= c.quorum:
+		case count(crs, OutcomeHeld) > 0:
 			reentered = false
 			for _, r := range crs {
 				if r.Outcome == OutcomeOK || r.Outcome == OutcomeHeld {
 					token = max(token, r.token+1)
 				}
 			}
+		default:
+			checkErr = c.quorumError("check", l.resources, crs, ErrNotAcquired)
 		}
 	}
 	if reentered {
@@ -500,6 +509,8 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	switch ok := count(rs, OutcomeOK); {
 	case ok < c.quorum:
 		qerr = c.quorumError("acquire", l.resources, rs, ErrNotAcquired)
+	case checkErr != nil:
+		qerr = checkErr
 	case l.fencing && !reentered:
 		// Record the token on a majority before handing out the lock, so
 		// that every later acquisition's quorum sees it.

@@ -268,13 +268,13 @@ func TestFailedFenceLeavesNoToken(t *testing.T) {
 	}
 }
 
-// fencedHold starts 3 nodes and a Client with fencing, and returns them
+// fencedHold starts 3 nodes and a Client with fencing (and opts), and returns them
 // with owner A's option and A's settled hold of "r".
-func fencedHold(t *testing.T) (redlocktest.Cluster, []redis.UniversalClient, *redlock.Client, redlock.AcquireOption, *redlock.Lock) {
+func fencedHold(t *testing.T, opts ...redlock.Option) (redlocktest.Cluster, []redis.UniversalClient, *redlock.Client, redlock.AcquireOption, *redlock.Lock) {
 	t.Helper()
 	cl := redlocktest.Start(t, 3)
 	nodes := cl.Clients(t)
-	c := newClient(t, nodes, redlock.WithFencing(true))
+	c := newClient(t, nodes, append(opts, redlock.WithFencing(true))...)
 	a := redlock.WithOwner("owner-a")
 	a1, err := c.TryAcquire(context.Background(), []string{"r"}, time.Minute, a)
 	if err != nil {
@@ -291,7 +291,8 @@ func fencedHold(t *testing.T) (redlocktest.Cluster, []redis.UniversalClient, *re
 // of the round shows P's token, yet the re-entry must not keep token 1
 // after P's 2. The check round sees P's counters and makes it a new hold.
 func TestReentryCheckedAfterItsGrants(t *testing.T) {
-	cl, nodes, c, a, _ := fencedHold(t)
+	// A generous node timeout: node 2's answer waits for node 0's.
+	cl, nodes, c, a, _ := fencedHold(t, redlock.WithNodeTimeout(2*time.Second))
 	ctx := context.Background()
 	direct := cl.Clients(t)
 	// The owner's hold stays on node 0 only; P holds r on node 1.
@@ -315,7 +316,9 @@ func TestReentryCheckedAfterItsGrants(t *testing.T) {
 				t.Error("node 0 never answered the re-entry")
 			}
 			for _, rdb := range direct[:2] { // P records token 2
-				rdb.Set(ctx, "r:fencing", 2, time.Minute)
+				if err := rdb.Set(ctx, "r:fencing", 2, time.Minute).Err(); err != nil {
+					t.Error(err)
+				}
 			}
 		})
 	}})
@@ -376,5 +379,29 @@ func (h beforeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			h.fn()
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// TestUncheckedReentryFails: a re-entry whose check round a majority
+// does not answer fails (and may be retried) instead of becoming a new
+// hold, whose new token would fence off the outer hold's writes.
+func TestUncheckedReentryFails(t *testing.T) {
+	_, nodes, c, a, a1 := fencedHold(t)
+	ctx := context.Background()
+	failing := newRejectHook(func(a []any) bool { return len(a) > 3 && a[3] == "r:fencing" }, errors.New("injected failure"))
+	for _, rdb := range nodes[1:] {
+		rdb.(*redis.Client).AddHook(failing)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("re-entry whose check reached one node: %v, want ErrNotAcquired", err)
+	}
+	failing.on.Store(false)
+	waitSettled(t, c)
+	a2, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a2.FencingToken() != a1.FencingToken() {
+		t.Errorf("re-entry's token %d, outer hold's %d: want the same", a2.FencingToken(), a1.FencingToken())
 	}
 }
