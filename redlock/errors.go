@@ -124,6 +124,7 @@ type NodeResult struct {
 // certainly gone, ErrUnavailable when too many nodes failed.
 type QuorumError struct {
 	// Op is "acquire", "fence" (recording the fencing token, WithFencing),
+	// "check" (confirming a fenced re-entry's token, WithOwner),
 	// "extend", "release" or "holder" (Client.Holder).
 	Op string
 	// Resources are the lock's resource names (without key prefix).
