@@ -283,9 +283,10 @@ type roundState struct {
 	c       *Client
 	spec    roundSpec
 	start   time.Time
-	opsBuf  [5]op              // ops of rounds on up to 5 nodes: no allocation of their own
-	running atomic.Int32       // node calls not yet answered
-	cancel  context.CancelFunc // of the round's node context, called by the last answer
+	opsBuf  [5]op         // ops of rounds on up to 5 nodes: no allocation of their own
+	resBuf  [3]NodeResult // results of rounds on up to 3 nodes, likewise
+	running atomic.Int32  // node calls not yet answered
+	ctx     roundCtx      // the node calls' context, stopped by the last answer
 	mu      sync.Mutex
 	closed  bool
 	results []NodeResult
@@ -294,6 +295,127 @@ type roundState struct {
 	// all collects every answer, also those after the decision, for
 	// spec.settled (nil without it).
 	all []NodeResult
+}
+
+// roundCtx is the context of a round's node calls: the caller's values,
+// without the caller's cancellation (as context.WithoutCancel), the
+// round's deadline, and a Done channel that closes at that deadline, when
+// the last node answers, or when round sees the caller's ctx end while it
+// waits (unless the round is detached). It does the work of
+// context.WithDeadline(context.WithoutCancel(ctx), end) with one
+// allocation per round, its Done channel, plus a timer only when round has
+// a node call left after handing them out (arm); those cost seven
+// allocations per round, and WithoutCancel one more on every Value lookup
+// through it (it boxes itself). The caller's cancellation after round has
+// returned (decided early) does not stop the calls still queued: they are
+// sent until the deadline, as after any early decision.
+type roundCtx struct {
+	parent   context.Context // the caller's: values only
+	end      time.Time       // the round's deadline
+	deadline time.Time       // end, or the caller's deadline if earlier
+	done     chan struct{}
+	mu       sync.Mutex
+	err      error // context.Canceled or DeadlineExceeded once done is closed
+	cause    error // err, or the caller's cause (stop)
+	timer    *time.Timer
+}
+
+var _ context.Context = (*roundCtx)(nil)
+
+// init sets c up for a round of ctx ending at end; a detached round
+// ignores ctx's deadline too.
+func (c *roundCtx) init(ctx context.Context, end time.Time, detach bool) {
+	c.parent, c.end, c.deadline, c.done = ctx, end, end, make(chan struct{})
+	if d, ok := ctx.Deadline(); ok && d.Before(end) && !detach {
+		c.deadline = d
+	}
+}
+
+// Deadline returns the round's deadline, or the caller's if it is earlier.
+func (c *roundCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// Done returns a channel closed when the round's calls must end.
+func (c *roundCtx) Done() <-chan struct{} { return c.done }
+
+// Err returns nil until Done is closed, then context.Canceled or
+// context.DeadlineExceeded.
+func (c *roundCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Value returns the caller's value for key, except for the context
+// package's own key for the nearest cancellable context (cancelCtxKey),
+// for which it returns nil, as context.WithoutCancel does: context.Cause(c)
+// then reports c's Err, not the caller's cause.
+func (c *roundCtx) Value(key any) any {
+	if key == cancelCtxKey {
+		return nil
+	}
+	return c.parent.Value(key)
+}
+
+// why returns the cause of Err: the caller's cause when round stopped the
+// calls because ctx ended, else Err.
+func (c *roundCtx) why() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cause
+}
+
+// stop closes Done with err and cause, once; later calls do nothing.
+func (c *roundCtx) stop(err, cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	c.err, c.cause = err, cause
+	close(c.done)
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+// arm starts the timer that closes Done at the round's deadline, unless
+// Done is closed already.
+func (c *roundCtx) arm() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil && c.timer == nil {
+		c.timer = time.AfterFunc(time.Until(c.end), c.expire)
+	}
+}
+
+func (c *roundCtx) expire() { c.stop(context.DeadlineExceeded, context.DeadlineExceeded) }
+
+// cancelCtxKey is the key with which the context package looks up a
+// context's nearest cancellable ancestor (context.Cause, and WithCancel
+// and the like when they hook a child to its parent). It is unexported
+// there: it is found once, by asking context.Cause about a context that
+// records the key it is asked for (TestRoundCtx checks that it was found,
+// and that Cause reports a round's own cancellation).
+var cancelCtxKey = func() any {
+	p := &keyProbe{Context: context.Background()}
+	_ = context.Cause(p)
+	return p.key
+}()
+
+// keyProbe records the first key it is asked for (cancelCtxKey); it is
+// cancelled, so that Cause looks further than Err.
+type keyProbe struct {
+	context.Context
+	key any
+}
+
+func (p *keyProbe) Err() error { return context.Canceled }
+
+func (p *keyProbe) Value(key any) any {
+	if p.key == nil {
+		p.key = key
+	}
+	return nil
 }
 
 // roundSpec describes one quorum round: one script, with the same keys and
@@ -323,15 +445,20 @@ type roundSpec struct {
 	// extend, fence; nil for Holder): sendPipeline keeps a command from
 	// passing a later one of the same lock on the same key.
 	lock *Lock
+	// detach makes the round ignore the caller's cancellation (as under
+	// context.WithoutCancel): the calls of a release run to their answers
+	// or the node timeout.
+	detach bool
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
 	deadline time.Time
 	// settled, optional, is called once every node called has answered or
 	// dropped its script at the round's deadline, which may be after round
 	// has returned (early), with every node's result, also the answers
-	// that came after the decision. It runs in a node's worker (or in
-	// round, when no node was called) and must not block.
-	settled func(all []NodeResult)
+	// that came after the decision, and with lock. It runs in a node's
+	// worker (or in round, when no node was called) and must not block. A
+	// plain function, not a closure, for the reason given at alt.
+	settled func(l *Lock, all []NodeResult)
 }
 
 // round sends the script to every node in parallel (through the nodes'
@@ -358,7 +485,12 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		c.tel.endRound(ctx, span, spec.op, results, c.quorum, took, outcome)
 	}()
 	n := len(c.nodes)
-	rs := &roundState{c: c, spec: spec, results: make([]NodeResult, n), decided: make(chan struct{})}
+	rs := &roundState{c: c, spec: spec, decided: make(chan struct{})}
+	if n <= len(rs.resBuf) {
+		rs.results = rs.resBuf[:n:n]
+	} else {
+		rs.results = make([]NodeResult, n)
+	}
 	for i := range rs.results {
 		rs.results[i] = NodeResult{Node: i, Addr: c.nodes[i].addr, Outcome: -1}
 	}
@@ -371,8 +503,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
 	}
-	nctx, cancel := context.WithDeadline(ctx, end)
-	rs.cancel = cancel
+	rs.ctx.init(ctx, end, spec.detach)
 	calls := n
 	for i := range spec.skip {
 		if spec.skip[i] {
@@ -382,11 +513,11 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		}
 	}
 	if calls == 0 {
-		cancel()
+		rs.ctx.stop(context.Canceled, context.Canceled)
 		close(rs.decided)
 		rs.closed = true
 		if spec.settled != nil {
-			spec.settled(slices.Clone(rs.results))
+			spec.settled(spec.lock, slices.Clone(rs.results))
 		}
 		return rs.results
 	}
@@ -406,7 +537,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		}
 		o := &ops[i]
 		o.rs, o.nd, o.deadline = rs, &c.nodes[i], end
-		o.ctx, o.span = c.tel.nodeSpan(nctx, o.nd, spec.op)
+		o.ctx, o.span = c.tel.nodeSpan(&rs.ctx, o.nd, spec.op)
 		o.script, o.cmd, o.complete = spec.script, spec.cmd, completeRound
 		o.alt = spec.alt != nil
 		if o.alt && o.nd.oldServer.Load() {
@@ -414,22 +545,33 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		}
 		o.nd.submit(o)
 	}
+	if rs.running.Load() > 0 { // not all answered inline (sendInline)
+		rs.ctx.arm()
+	}
+	var callerDone <-chan struct{} // nil (never) for a detached round
+	if !spec.detach {
+		callerDone = ctx.Done()
+	}
 	var cause error
-	missing := OutcomeTimeout
 	select {
 	case <-rs.decided:
-		missing = OutcomePending
-	case <-nctx.Done():
-		if cause = context.Cause(ctx); cause == nil {
-			cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
-		}
+	case <-rs.ctx.Done(): // the deadline (or the last answer: decided)
+	case <-callerDone:
+		cause = context.Cause(ctx)
+		rs.ctx.stop(ctx.Err(), cause)
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	missing := OutcomePending // decided by the answers
 	if !rs.closed {
 		rs.closed = true // later answers go to spec.late and never touch results
-	} else {
-		missing = OutcomePending
+		missing = OutcomeTimeout
+		if cause == nil && !spec.detach {
+			cause = context.Cause(ctx) // the caller's deadline, if it came first
+		}
+		if cause == nil {
+			cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
+		}
 	}
 	for i := range rs.results {
 		if r := &rs.results[i]; r.Outcome < 0 {
@@ -487,9 +629,9 @@ func completeRound(o *op) {
 		rs.mu.Unlock()
 	}
 	if rs.running.Add(-1) == 0 {
-		rs.cancel() // the last answer of the round
+		rs.ctx.stop(context.Canceled, context.Canceled) // the last answer of the round
 		if spec.settled != nil {
-			spec.settled(rs.all) // no writer is left
+			spec.settled(spec.lock, rs.all) // no writer is left
 		}
 	}
 }
@@ -547,7 +689,7 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 		return "", false, invalidf("empty resource")
 	}
 	key := c.cfg.keyPrefix + resource
-	rs := c.round(ctx, roundSpec{op: "holder", script: holderScript, cmd: evalArgs(holderScript, []string{key}),
+	rs := c.round(ctx, roundSpec{op: "holder", script: holderScript, cmd: evalArgs(holderScript, []any{key}),
 		parse: func(cmd *redis.Cmd) (reply, error) {
 			v, err := cmd.Text()
 			if errors.Is(err, redis.Nil) {

@@ -1,7 +1,9 @@
 package redlock
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -122,7 +124,7 @@ func eventually(t *testing.T, cond func() bool) {
 // marked (acquireScript) still gives its trace context and metadata, and
 // unmarked restores the value its owner wrote; other values pass as they are.
 func TestWaitMarkedValues(t *testing.T) {
-	token := strings.Repeat("a", tokenLen)
+	token := bytes.Repeat([]byte{0xaa}, tokenLen/2)
 	tp := "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01"
 	for _, v := range []string{buildValue(token, "", "md"), buildValue(token, tp, "md")} {
 		wantTP, wantMD, _ := splitValue(v)
@@ -139,9 +141,81 @@ func TestWaitMarkedValues(t *testing.T) {
 			t.Errorf("unmarked(%q) = %q, want it unchanged", v, got)
 		}
 	}
-	for _, v := range []string{"", "short", token, token + "x"} {
+	hexToken := strings.Repeat("a", tokenLen)
+	for _, v := range []string{"", "short", hexToken, hexToken + "x"} {
 		if got := unmarked(v); got != v {
 			t.Errorf("unmarked(%q) = %q, want it unchanged", v, got)
 		}
+	}
+}
+
+// TestRoundCtx: a round's node context keeps the caller's values and
+// deadline but not its cancellation, and context.Cause reports the round's
+// own end (roundCtx.Value hides the caller's cancellable context).
+func TestRoundCtx(t *testing.T) {
+	if cancelCtxKey == nil {
+		t.Fatal("cancelCtxKey not found: context.Cause no longer asks Value for it")
+	}
+	type key struct{}
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
+	defer cancel(nil)
+	end := time.Now().Add(time.Hour)
+
+	var rc roundCtx
+	rc.init(parent, end, false)
+	if got := rc.Value(key{}); got != "v" {
+		t.Errorf("Value = %v, want the caller's v", got)
+	}
+	if d, ok := rc.Deadline(); !ok || !d.Equal(end) {
+		t.Errorf("Deadline = %v, %v; want %v, true", d, ok, end)
+	}
+	rc.stop(context.DeadlineExceeded, context.DeadlineExceeded)
+	if err := context.Cause(&rc); err != context.DeadlineExceeded {
+		t.Errorf("Cause after stop = %v, want the round's DeadlineExceeded (caller still live)", err)
+	}
+	select {
+	case <-rc.Done():
+	default:
+		t.Error("Done not closed after stop")
+	}
+
+	var live roundCtx
+	live.init(parent, end, false)
+	boom := errors.New("boom")
+	cancel(boom)
+	if err, cause := live.Err(), context.Cause(&live); err != nil || cause != nil {
+		t.Errorf("after the caller's cancel: Err = %v, Cause = %v; want nil, nil (round stops it itself)", err, cause)
+	}
+	live.stop(context.DeadlineExceeded, context.DeadlineExceeded)
+	if err := context.Cause(&live); err != context.DeadlineExceeded {
+		t.Errorf("Cause after stop = %v, want the round's DeadlineExceeded, not the caller's cause", err)
+	}
+
+	early := time.Now().Add(time.Minute)
+	dctx, dcancel := context.WithDeadline(context.Background(), early)
+	defer dcancel()
+	for _, detach := range []bool{false, true} {
+		var d roundCtx
+		d.init(dctx, end, detach)
+		want := early
+		if detach {
+			want = end
+		}
+		if got, _ := d.Deadline(); !got.Equal(want) {
+			t.Errorf("detach=%v: Deadline = %v, want %v", detach, got, want)
+		}
+		d.stop(context.Canceled, context.Canceled)
+	}
+
+	var timed roundCtx
+	timed.init(context.Background(), time.Now().Add(time.Millisecond), false)
+	timed.arm()
+	select {
+	case <-timed.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed at the deadline")
+	}
+	if err := timed.Err(); err != context.DeadlineExceeded {
+		t.Errorf("Err at the deadline = %v, want DeadlineExceeded", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +30,13 @@ type Lock struct {
 	aid       string   // acquisition ID of a reentrant lock (WithOwner), else ""
 	value     string   // owner token, trace context, metadata (see buildValue)
 	fencing   bool
-	token     uint64 // fencing token, set once held
+	// keyArgs and valueArg are keys and value as command arguments, boxed
+	// once: each boxing (string to any) is an allocation, and every round
+	// sends them. keyArg holds keyArgs of a one-key lock.
+	keyArgs  []any
+	valueArg any
+	keyArg   [1]any
+	token    uint64 // fencing token, set once held
 
 	mu      sync.Mutex
 	state   lockState
@@ -41,7 +48,7 @@ type Lock struct {
 	// final is closed once every script of the last round that deletes
 	// the lock's keys (the Release, or the undo of the last failed attempt)
 	// has been answered or dropped; their results are then in finalRS (see
-	// lateGrant).
+	// lateGrant). Made on first use (finalLocked); finalDone says closed.
 	final     chan struct{}
 	finalRS   []NodeResult
 	finalDone bool
@@ -90,21 +97,30 @@ func (l *Lock) Metadata() string {
 // tokenLen is the length of the owner token at the start of a lock value.
 const tokenLen = 32
 
-// buildValue lays out a lock value: the owner token (32 hex digits), then
-// "T" and the W3C traceparent of the acquiring span (55 characters) or "-"
-// when there is none, then the metadata. Other clients read the trace
-// context and metadata of a holder from a refused round; the owner token
-// never leaves this package.
+// buildValue lays out a lock value: the owner token (token's 16 bytes as
+// 32 hex digits), then "T" and the W3C traceparent of the acquiring span
+// (55 characters) or "-" when there is none, then the metadata. Other
+// clients read the trace context and metadata of a holder from a refused
+// round; the owner token never leaves this package.
 //
 // On a node, a waiting Acquire that the key refused turns the byte after
 // the token into its wait mark, '-' into '_' and 'T' into 't' (see
 // acquireScript), so that the holder's release publishes a notice; the
 // owner token, which every ownership check compares, stays as it is.
-func buildValue(token, tp, metadata string) string {
+func buildValue(token []byte, tp, metadata string) string {
+	var h [tokenLen]byte
+	hex.Encode(h[:], token[:tokenLen/2])
+	var v strings.Builder // one allocation: the value itself
+	v.Grow(tokenLen + 1 + len(tp) + len(metadata))
+	v.Write(h[:])
 	if tp == "" {
-		return token + "-" + metadata
+		v.WriteByte('-')
+	} else {
+		v.WriteByte('T')
+		v.WriteString(tp)
 	}
-	return token + "T" + tp + metadata
+	v.WriteString(metadata)
+	return v.String()
 }
 
 // splitValue returns the trace context and metadata of a lock value,
@@ -172,7 +188,24 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if len(resources) == 0 {
 		return nil, invalidf("empty resource list")
 	}
-	keys := make([]string, len(resources))
+	if c.cfg.gate > 0 && ttl > c.cfg.gate {
+		return nil, invalidf("TTL %v exceeds the restart gate's maximum TTL %v", ttl, c.cfg.gate)
+	}
+	n := len(resources)
+	nkeys := n // lock keys, then holds hashes, fencing counters, gate marker
+	if a.owner != "" {
+		nkeys += n
+	}
+	if a.fencing {
+		nkeys += n
+	}
+	if c.cfg.gate > 0 {
+		nkeys++
+	}
+	// One array holds the resources (a copy) and the keys.
+	names := make([]string, n+nkeys)
+	copy(names, resources)
+	resources, keys := names[:n:n], names[n:n]
 	for i, r := range resources {
 		if r == "" {
 			return nil, invalidf("resource %d is empty", i)
@@ -180,17 +213,16 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 		if j := slices.Index(resources[:i], r); j >= 0 {
 			return nil, invalidf("resource %q appears twice (at %d and %d)", r, j, i)
 		}
-		keys[i] = c.cfg.keyPrefix + r
+		keys = append(keys, c.cfg.keyPrefix+r)
 	}
-	n := len(keys)
 	var b [tokenLen / 2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	token, aid := hex.EncodeToString(b[:]), ""
+	token, aid := b[:], ""
 	if a.owner != "" {
 		// Every acquisition of one owner shares the owner token; each has
 		// its own acquisition ID, its hold.
 		sum := sha256.Sum256([]byte("schedlock/redlock owner\x00" + a.owner))
-		token, aid = hex.EncodeToString(sum[:tokenLen/2]), hex.EncodeToString(b[:8])
+		token, aid = sum[:tokenLen/2], hex.EncodeToString(b[:8])
 		for _, k := range keys[:n] {
 			keys = append(keys, k+holdsSuffix)
 		}
@@ -201,14 +233,19 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 		}
 	}
 	if c.cfg.gate > 0 {
-		if ttl > c.cfg.gate {
-			return nil, invalidf("TTL %v exceeds the restart gate's maximum TTL %v", ttl, c.cfg.gate)
-		}
 		keys = append(keys, c.cfg.keyPrefix+gateKey)
 	}
 	value := buildValue(token, traceparent(trace.SpanContextFromContext(ctx)), a.metadata)
-	return &Lock{c: c, resources: slices.Clone(resources), keys: keys, nlock: n, aid: aid,
-		value: value, fencing: a.fencing, ttl: ttl, final: make(chan struct{})}, nil
+	l := &Lock{c: c, resources: resources, keys: keys, nlock: n, aid: aid,
+		value: value, valueArg: value, fencing: a.fencing, ttl: ttl}
+	l.keyArgs = l.keyArg[:0]
+	if len(keys) > 1 {
+		l.keyArgs = make([]any, 0, len(keys))
+	}
+	for _, k := range keys {
+		l.keyArgs = append(l.keyArgs, k)
+	}
+	return l, nil
 }
 
 // fencingSuffix turns a lock key into its fencing counter's key, and
@@ -223,16 +260,21 @@ const gateKey = "redlock:restart-gate"
 
 func (c *Client) acquireConfig(opts []AcquireOption) (acquireConfig, error) {
 	a := acquireConfig{retry: c.cfg.retry, fencing: c.cfg.fencing}
+	if len(opts) == 0 {
+		return a, nil // a stays on the stack: options take its address
+	}
+	p := new(acquireConfig)
+	*p = a
 	for _, o := range opts {
 		if o == nil {
-			return a, invalidf("nil AcquireOption")
+			return *p, invalidf("nil AcquireOption")
 		}
-		o.applyAcquire(&a)
+		o.applyAcquire(p)
 	}
-	if a.retry == nil {
-		return a, invalidf("nil retry policy factory")
+	if p.retry == nil {
+		return *p, invalidf("nil retry policy factory")
 	}
-	return a, nil
+	return *p, nil
 }
 
 // Acquire takes a lock on all resources at once (all or nothing on each
@@ -318,7 +360,8 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 // hash of its value, the same on every node, which says nothing about the
 // owner token.
 func (l *Lock) noticeID() string {
-	sum := sha256.Sum256([]byte(l.value))
+	var buf [256]byte // the value, hashed without an allocation of its own
+	sum := sha256.Sum256(append(buf[:0], l.value...))
 	return hex.EncodeToString(sum[:8])
 }
 
@@ -412,6 +455,14 @@ func (l *Lock) abandon() {
 	l.mu.Unlock()
 }
 
+// finishRelease is the settled function of a release round (roundSpec):
+// a plain function, as a closure over l cost an allocation per release.
+func finishRelease(l *Lock, all []NodeResult) {
+	l.mu.Lock()
+	l.finishLocked(all)
+	l.mu.Unlock()
+}
+
 // finishLocked records the results of the last round that deleted the
 // lock's keys, for late grants (lateGrant). l.mu must be held.
 func (l *Lock) finishLocked(rs []NodeResult) {
@@ -419,7 +470,22 @@ func (l *Lock) finishLocked(rs []NodeResult) {
 		return
 	}
 	l.finalDone, l.finalRS = true, rs
-	close(l.final)
+	if l.final != nil {
+		close(l.final)
+	}
+}
+
+// finalLocked returns the channel that finishLocked closes, made on first
+// use: only late grants wait on it (cleanLate), and a channel made for
+// every lock cost an allocation per acquisition. l.mu must be held.
+func (l *Lock) finalLocked() <-chan struct{} {
+	if l.final == nil {
+		l.final = make(chan struct{})
+		if l.finalDone {
+			close(l.final)
+		}
+	}
+	return l.final
 }
 
 // attempt runs acquire round number n for l and returns nil when l is now
@@ -451,7 +517,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 		// to the holder's expiry: without it a contended Acquire polled
 		// one round more, +50% commands per contended acquisition).
 		// A node that rejects it (Redis before 7.0) gets the script.
-		spec.cmd = []any{"set", l.keys[0], l.value, "px", ttl.Milliseconds(), "nx", "get"}
+		spec.cmd = []any{"set", l.keyArgs[0], l.valueArg, "px", ttl.Milliseconds(), "nx", "get"}
 		spec.alt, spec.altScript = tryAcquireCmd, acquireScript
 	} else {
 		spec.script, spec.cmd = acquireScript, c.acquireCmd(l, wait)
@@ -562,7 +628,7 @@ func (c *Client) acquireCmd(l *Lock, wait bool) []any {
 	if wait {
 		marks = "1"
 	}
-	return evalArgs(acquireScript, l.keys, l.value, l.ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid, marks)
+	return evalArgs(acquireScript, l.keyArgs, l.valueArg, l.ttl.Milliseconds(), l.nlock, fencing, c.cfg.gate.Milliseconds(), l.aid, marks)
 }
 
 // tryAcquireCmd is the acquire script's command for a TryAcquire round of
@@ -710,7 +776,10 @@ func (l *Lock) lateGrant(n *node, _ reply) {
 // them on n if that round did not (lateGrant).
 func (l *Lock) cleanLate(n *node) {
 	defer l.c.cleanups.Add(-1)
-	<-l.final // closed once the last deleting round has settled on every node
+	l.mu.Lock()
+	final := l.finalLocked()
+	l.mu.Unlock()
+	<-final // closed once the last deleting round has settled on every node
 	l.mu.Lock()
 	rs := l.finalRS
 	l.mu.Unlock()
@@ -720,7 +789,7 @@ func (l *Lock) cleanLate(n *node) {
 	var err error
 	for try := 0; try < 2; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), l.c.cfg.nodeTimeout)
-		err = n.run(ctx, releaseScript, l.ownedKeys(), l.value, l.aid, "").Err()
+		err = n.run(ctx, releaseScript, l.ownedKeys(), l.valueArg, l.aid, "").Err()
 		cancel()
 		// NOSCRIPT here means that the node answered after the deadline,
 		// too late for EVAL; the script has been loaded meanwhile (redo),
@@ -750,28 +819,28 @@ func (c *Client) releaseAll(ctx context.Context, l *Lock, op, notice string, ski
 // notices, "" for none (only a Release wakes waiters: wake.go).
 func (c *Client) releaseSpec(l *Lock, op, notice string, skip []bool) roundSpec {
 	return roundSpec{op: op, skip: skip, script: releaseScript, lock: l,
-		cmd: evalArgs(releaseScript, l.ownedKeys(), l.value, l.aid, notice), parse: okParse(int64(l.nlock))}
+		cmd: evalArgs(releaseScript, l.ownedKeys(), l.valueArg, l.aid, notice), parse: okParse(int64(l.nlock))}
 }
 
 // ownedKeys returns the lock keys and, for a reentrant lock, the holds
 // hashes after them.
-func (l *Lock) ownedKeys() []string {
+func (l *Lock) ownedKeys() []any {
 	if l.aid != "" {
-		return l.keys[:2*l.nlock]
+		return l.keyArgs[:2*l.nlock]
 	}
-	return l.keys[:l.nlock]
+	return l.keyArgs[:l.nlock]
 }
 
 // holdKeys returns the holds hashes of a reentrant lock (nil otherwise).
-func (l *Lock) holdKeys() []string {
+func (l *Lock) holdKeys() []any {
 	if l.aid == "" {
 		return nil
 	}
-	return l.keys[l.nlock : 2*l.nlock]
+	return l.keyArgs[l.nlock : 2*l.nlock]
 }
 
 // fenceKeys returns the fencing counters (nil without fencing).
-func (l *Lock) fenceKeys() []string {
+func (l *Lock) fenceKeys() []any {
 	if !l.fencing {
 		return nil
 	}
@@ -779,7 +848,7 @@ func (l *Lock) fenceKeys() []string {
 	if l.aid != "" {
 		off = 2 * l.nlock
 	}
-	return l.keys[off : off+l.nlock]
+	return l.keyArgs[off : off+l.nlock]
 }
 
 // Extend sets the TTL of every key of the lock to ttl on the nodes where all
@@ -826,7 +895,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		// No extension leaves after the validity ends: a script still
 		// queued for a busy node at Until is dropped, never sent.
 		deadline: l.Until(),
-		script:   extendScript, cmd: evalArgs(extendScript, l.ownedKeys(), l.value, ttl.Milliseconds(), owner),
+		script:   extendScript, cmd: evalArgs(extendScript, l.ownedKeys(), l.valueArg, ttl.Milliseconds(), owner),
 		parse: okParse(1),
 		early: true,
 		lock:  l,
@@ -930,12 +999,8 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	// timeout. Late grants wait for all of them (settled).
 	spec := l.c.releaseSpec(l, "release", notice, nil)
 	spec.early = true
-	spec.settled = func(all []NodeResult) {
-		l.mu.Lock()
-		l.finishLocked(all)
-		l.mu.Unlock()
-	}
-	rs := l.c.round(detached(ctx), spec)
+	spec.settled, spec.detach = finishRelease, true
+	rs := l.c.round(ctx, spec)
 	expired := !time.Now().Before(until)
 	ok := count(rs, OutcomeOK)
 	switch {

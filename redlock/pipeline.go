@@ -18,10 +18,15 @@ import (
 // NOSCRIPT.
 type luaScript struct {
 	*redis.Script
-	src string
+	src     string
+	hashArg any // Hash() as a command argument, boxed once (evalArgs)
 }
 
-func newScript(src string) *luaScript { return &luaScript{Script: redis.NewScript(src), src: src} }
+func newScript(src string) *luaScript {
+	s := &luaScript{Script: redis.NewScript(src), src: src}
+	s.hashArg = s.Hash()
+	return s
+}
 
 // Pipelining. Every command for a node goes through that node's queue,
 // which one worker goroutine drains: it sends what is queued (one op
@@ -109,7 +114,7 @@ func (n *node) submit(o *op) {
 
 // run sends script to n and waits for its reply (outside rounds: the
 // cleanup of a late grant).
-func (n *node) run(ctx context.Context, script *luaScript, keys []string, args ...any) *redis.Cmd {
+func (n *node) run(ctx context.Context, script *luaScript, keys []any, args ...any) *redis.Cmd {
 	o := &op{ctx: ctx, script: script, cmd: evalArgs(script, keys, args...), done: make(chan struct{}),
 		complete: func(o *op) { close(o.done) }}
 	n.submit(o)
@@ -551,12 +556,10 @@ func (n *node) load(src string) {
 // evalArgs returns the command EVALSHA sha numkeys keys... args... Built
 // once per round, it is shared by every node's command (go-redis only
 // reads it).
-func evalArgs(script *luaScript, keys []string, args ...any) []any {
+func evalArgs(script *luaScript, keys []any, args ...any) []any {
 	cmd := make([]any, 0, 3+len(keys)+len(args))
-	cmd = append(cmd, "evalsha", script.Hash(), len(keys))
-	for _, k := range keys {
-		cmd = append(cmd, k)
-	}
+	cmd = append(cmd, "evalsha", script.hashArg, len(keys))
+	cmd = append(cmd, keys...)
 	return append(cmd, args...)
 }
 
@@ -584,7 +587,11 @@ func (o *op) end() time.Time {
 // o's end has been reached at now, checked against the clock rather than
 // a context's timer, which may not have fired yet at the deadline itself.
 func (o *op) ended(now time.Time) error {
-	if o.ctx.Err() != nil {
+	if o.rs != nil { // a round's call: its context is o.rs.ctx (or holds it)
+		if err := o.rs.ctx.why(); err != nil {
+			return err
+		}
+	} else if o.ctx.Err() != nil {
 		return context.Cause(o.ctx)
 	}
 	if d := o.end(); !d.IsZero() && !now.Before(d) {

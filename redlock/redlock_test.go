@@ -459,21 +459,29 @@ func TestScriptFlushBetweenCalls(t *testing.T) {
 	}
 }
 
+// TestReleaseWithCancelledContextStillDeletes: Release runs on the
+// caller's values but neither its cancellation nor its deadline (a
+// cleanup bounded by the node timeout).
 func TestReleaseWithCancelledContextStillDeletes(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
-	l, err := c.TryAcquire(context.Background(), []string{"r"}, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := l.Release(ctx); err != nil {
-		t.Errorf("Release with a cancelled ctx = %v, want nil", err)
-	}
-	waitSettled(t, c)
-	if n := totalKeys(t, cl); n != 0 {
-		t.Errorf("keys left = %q", cl.Keys(t))
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	for name, ctx := range map[string]context.Context{"cancelled": cancelled, "deadline passed": expired} {
+		// A new resource each: a key left by one case fails only that case.
+		l, err := c.TryAcquire(context.Background(), []string{name}, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("Release with a ctx whose %s = %v, want nil", name, err)
+		}
+		waitSettled(t, c)
+		if n := totalKeys(t, cl); n != 0 {
+			t.Errorf("%s: keys left = %q", name, cl.Keys(t))
+		}
 	}
 }
 
