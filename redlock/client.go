@@ -298,23 +298,29 @@ type roundState struct {
 }
 
 // roundCtx is the context of a round's node calls: the caller's values,
-// without the caller's cancellation (as context.WithoutCancel), the
-// round's deadline, and a Done channel that closes at that deadline, when
-// the last node answers, or when round sees the caller's ctx end while it
-// waits (unless the round is detached). It does the work of
-// context.WithDeadline(context.WithoutCancel(ctx), end) with one
-// allocation per round, its Done channel, plus a timer only when round has
-// a node call left after handing them out (arm); those cost seven
-// allocations per round, and WithoutCancel one more on every Value lookup
-// through it (it boxes itself). The caller's cancellation after round has
-// returned (decided early) does not stop the calls still queued: they are
-// sent until the deadline, as after any early decision.
+// without the caller's cancellation (as context.WithoutCancel), and a
+// deadline: the round's, or the caller's if that comes first (unless the
+// round is detached). Its Done channel closes at that deadline (a timer
+// armed before the first call is handed out: go-redis waits on Done, not on
+// the deadline, for dials and pool slots), when the last node answers, or
+// when round sees the caller's ctx end while it waits. It does the work of
+// context.WithDeadline(context.WithoutCancel(ctx), end) with three
+// allocations per round (its Done channel, its timer and the timer's
+// function) where those cost seven, and WithoutCancel one more on every
+// Value lookup through it (it boxes itself). (Reusing timers across rounds
+// through a sync.Pool saved two more, but a timer made in a testing/synctest
+// bubble must not be reset outside it, which crashed the tests that use
+// bubbles.) The
+// caller's cancellation after round has returned (decided early) does not
+// stop the calls still queued: they are sent until the deadline, as after
+// any early decision.
 type roundCtx struct {
 	parent   context.Context // the caller's: values only
 	end      time.Time       // the round's deadline
 	deadline time.Time       // end, or the caller's deadline if earlier
 	done     chan struct{}
 	mu       sync.Mutex
+	stopped  bool
 	err      error // context.Canceled or DeadlineExceeded once done is closed
 	cause    error // err, or the caller's cause (stop)
 	timer    *time.Timer
@@ -364,27 +370,34 @@ func (c *roundCtx) why() error {
 	return c.cause
 }
 
-// stop closes Done with err and cause, once; later calls do nothing.
+// stop closes Done with err (context.Canceled if nil) and cause, once;
+// later calls do nothing.
 func (c *roundCtx) stop(err, cause error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil {
+	if c.stopped {
 		return
 	}
-	c.err, c.cause = err, cause
+	if err == nil {
+		err = context.Canceled
+	}
+	if cause == nil {
+		cause = err
+	}
+	c.stopped, c.err, c.cause = true, err, cause
 	close(c.done)
 	if c.timer != nil {
 		c.timer.Stop()
 	}
 }
 
-// arm starts the timer that closes Done at the round's deadline, unless
-// Done is closed already.
+// arm starts the timer that closes Done at the deadline, unless Done is
+// closed already.
 func (c *roundCtx) arm() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil && c.timer == nil {
-		c.timer = time.AfterFunc(time.Until(c.end), c.expire)
+	if !c.stopped && c.timer == nil {
+		c.timer = time.AfterFunc(time.Until(c.deadline), c.expire)
 	}
 }
 
@@ -525,6 +538,10 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		rs.all = slices.Clone(rs.results)
 	}
 	rs.running.Store(int32(calls))
+	if !spec.detach && ctx.Err() != nil {
+		rs.ctx.stop(ctx.Err(), context.Cause(ctx)) // every call is dropped unsent
+	}
+	rs.ctx.arm() // before the first call: one may be sent from here (sendInline)
 	var ops []op
 	if n > len(rs.opsBuf) {
 		ops = make([]op, n)
@@ -544,9 +561,6 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 			o.useAlt()
 		}
 		o.nd.submit(o)
-	}
-	if rs.running.Load() > 0 { // not all answered inline (sendInline)
-		rs.ctx.arm()
 	}
 	var callerDone <-chan struct{} // nil (never) for a detached round
 	if !spec.detach {
@@ -568,6 +582,9 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 		missing = OutcomeTimeout
 		if cause == nil && !spec.detach {
 			cause = context.Cause(ctx) // the caller's deadline, if it came first
+			if cause == nil && rs.ctx.deadline.Before(rs.ctx.end) {
+				cause = context.DeadlineExceeded // it came, its timer has not fired yet
+			}
 		}
 		if cause == nil {
 			cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
@@ -675,7 +692,9 @@ func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sen
 	if failed > n-c.quorum {
 		sentinels = append(sentinels, ErrUnavailable)
 	}
-	return &QuorumError{Op: op, Resources: resources, Quorum: c.quorum, Nodes: rs, sentinels: sentinels}
+	// A copy: round's results live in its state, which holds the caller's
+	// ctx and the round's commands, and an error may be kept for long.
+	return &QuorumError{Op: op, Resources: resources, Quorum: c.quorum, Nodes: slices.Clone(rs), sentinels: sentinels}
 }
 
 // Holder returns the metadata (WithMetadata) of the lock that holds

@@ -243,3 +243,39 @@ func TestInlineDoAndWaitingAcquire(t *testing.T) {
 		t.Errorf("keys left: %q", keys)
 	}
 }
+
+// TestInlineRoundEndsAtNodeTimeoutInPoolWait: a round sent from the
+// caller's goroutine ends at the node timeout also while go-redis waits
+// for a pool slot, a wait that watches the context's Done channel, not its
+// deadline: the round's context closes Done at its deadline from before
+// the call is sent. (Before, its timer was started after the inline call
+// returned, and the wait ran to go-redis's PoolTimeout, here a minute.)
+func TestInlineRoundEndsAtNodeTimeoutInPoolWait(t *testing.T) {
+	s := redlocktest.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true,
+		PoolSize: 1, PoolTimeout: time.Minute})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := newClient(t, []redis.UniversalClient{rdb}, redlock.WithNodeTimeout(100*time.Millisecond))
+	conn := rdb.Conn() // the pool's only connection, held until the end
+	if err := conn.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.TryAcquire(context.Background(), []string{"r"}, time.Second)
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second): // 200 node timeouts
+		_ = conn.Close()
+		<-done
+		t.Fatal("TryAcquire waited for a pool slot past the node timeout")
+	}
+	_ = conn.Close()
+	var qerr *redlock.QuorumError
+	if !errors.Is(err, redlock.ErrUnavailable) || !errors.As(err, &qerr) || qerr.Nodes[0].Outcome != redlock.OutcomeTimeout {
+		t.Errorf("TryAcquire = %v; want ErrUnavailable with node 0 timed out", err)
+	}
+}

@@ -219,3 +219,60 @@ func TestRoundCtx(t *testing.T) {
 		t.Errorf("Err at the deadline = %v, want DeadlineExceeded", err)
 	}
 }
+
+// TestRoundTimers: a round's timer closes Done at its deadline, the
+// caller's when that is earlier, and a stopped round's timer never fires;
+// stop with a nil error still closes Done once, and a second stop does
+// nothing.
+func TestRoundTimers(t *testing.T) {
+	callerCtx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	var early roundCtx
+	early.init(callerCtx, time.Now().Add(time.Hour), false)
+	early.arm()
+	select {
+	case <-early.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed at the caller's earlier deadline")
+	}
+
+	// Rounds with an hour to go stay live among rounds that end after a
+	// millisecond and rounds stopped at once.
+	const n = 200
+	var short, long [n]roundCtx
+	for i := range n {
+		var stopped roundCtx
+		stopped.init(context.Background(), time.Now().Add(time.Millisecond), false)
+		stopped.arm()
+		stopped.stop(context.Canceled, nil)
+		long[i].init(context.Background(), time.Now().Add(time.Hour), false)
+		long[i].arm()
+		short[i].init(context.Background(), time.Now().Add(time.Millisecond), false)
+		short[i].arm()
+	}
+	for i := range short {
+		select {
+		case <-short[i].Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("short round %d: Done not closed at its deadline", i)
+		}
+	}
+	time.Sleep(10 * time.Millisecond) // any stale callback has run by now
+	for i := range long {
+		if err := long[i].Err(); err != nil {
+			t.Fatalf("round %d with an hour to go ended: %v", i, err)
+		}
+		long[i].stop(context.Canceled, nil)
+		long[i].stop(context.DeadlineExceeded, nil)
+		if err := long[i].Err(); err != context.Canceled {
+			t.Fatalf("round %d: Err after two stops = %v, want the first, Canceled", i, err)
+		}
+	}
+	var nilErr roundCtx
+	nilErr.init(context.Background(), time.Now().Add(time.Hour), false)
+	nilErr.stop(nil, nil)
+	nilErr.stop(nil, nil) // must not close Done twice
+	if err := nilErr.Err(); err != context.Canceled {
+		t.Errorf("Err after stop(nil) = %v, want Canceled", err)
+	}
+}

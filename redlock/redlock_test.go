@@ -485,6 +485,43 @@ func TestReleaseWithCancelledContextStillDeletes(t *testing.T) {
 	}
 }
 
+// TestRoundOnCancelledContextSendsNothing: a round whose caller's ctx has
+// already ended hands no command to go-redis, on one node (sent from the
+// caller's goroutine) as on three, and fails.
+func TestRoundOnCancelledContextSendsNothing(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) {
+			cl := redlocktest.Start(t, n)
+			var clients []redis.UniversalClient
+			hook := &workerHook{}
+			for _, s := range cl {
+				rdb := ctxTimeoutClient(t, s, 0)
+				rdb.AddHook(hook)
+				clients = append(clients, rdb)
+			}
+			c := newClient(t, clients)
+			l, err := c.TryAcquire(context.Background(), []string{"r"}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release(context.Background())
+			waitSettled(t, c)
+			before := hook.calls.Load()
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			for range 20 {
+				if err := l.Extend(ctx, 10*time.Second); !errors.Is(err, redlock.ErrUnavailable) {
+					t.Fatalf("Extend on a cancelled ctx = %v, want ErrUnavailable", err)
+				}
+			}
+			waitSettled(t, c)
+			if sent := hook.calls.Load() - before; sent != 0 {
+				t.Errorf("%d calls went to go-redis for rounds on a cancelled ctx, want 0", sent)
+			}
+		})
+	}
+}
+
 func TestTTLIsSentInMilliseconds(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
