@@ -297,27 +297,28 @@ type roundState struct {
 	all []NodeResult
 }
 
-// roundCtx is the context of a round's node calls: the caller's values,
-// without the caller's cancellation (as context.WithoutCancel), and a
-// deadline: the round's, or the caller's if that comes first (unless the
-// round is detached). Its Done channel closes at that deadline (a timer
-// armed before the first call is handed out: go-redis waits on Done, not on
-// the deadline, for dials and pool slots), when the last node answers, or
-// when round sees the caller's ctx end while it waits. It does the work of
-// context.WithDeadline(context.WithoutCancel(ctx), end) with three
+// roundCtx is the context of a round's node calls: the caller's values
+// and a deadline, the round's or the caller's if that comes first. Its
+// Done channel closes at that deadline (a timer armed before the first
+// call is handed out: go-redis waits on Done, not on the deadline, for
+// dials and pool slots), when the last node answers, or when round sees
+// the caller's ctx end while it waits; once round has returned, the
+// caller's end drops the calls still queued (ended) but leaves Done open.
+// A detached round (Release) ignores the caller's end and deadline, as
+// under context.WithoutCancel.
+//
+// It does the work of context.WithDeadline(ctx, end) with three
 // allocations per round (its Done channel, its timer and the timer's
-// function) where those cost seven, and WithoutCancel one more on every
-// Value lookup through it (it boxes itself). (Reusing timers across rounds
-// through a sync.Pool saved two more, but a timer made in a testing/synctest
-// bubble must not be reset outside it, which crashed the tests that use
-// bubbles.) The
-// caller's cancellation after round has returned (decided early) does not
-// stop the calls still queued: they are sent until the deadline, as after
-// any early decision.
+// function) where that cost five, or six with WithoutCancel, which also
+// allocates on every Value lookup through it (it boxes itself). Reusing
+// timers across rounds through a sync.Pool saved two more, but a timer made
+// in a testing/synctest bubble must not be reset outside it, which crashed
+// the tests that use bubbles.
 type roundCtx struct {
 	parent   context.Context // the caller's: values only
 	end      time.Time       // the round's deadline
 	deadline time.Time       // end, or the caller's deadline if earlier
+	detach   bool            // ignore the caller's cancellation and deadline
 	done     chan struct{}
 	mu       sync.Mutex
 	stopped  bool
@@ -331,7 +332,7 @@ var _ context.Context = (*roundCtx)(nil)
 // init sets c up for a round of ctx ending at end; a detached round
 // ignores ctx's deadline too.
 func (c *roundCtx) init(ctx context.Context, end time.Time, detach bool) {
-	c.parent, c.end, c.deadline, c.done = ctx, end, end, make(chan struct{})
+	c.parent, c.end, c.deadline, c.done, c.detach = ctx, end, end, make(chan struct{}), detach
 	if d, ok := ctx.Deadline(); ok && d.Before(end) && !detach {
 		c.deadline = d
 	}
@@ -362,12 +363,19 @@ func (c *roundCtx) Value(key any) any {
 	return c.parent.Value(key)
 }
 
-// why returns the cause of Err: the caller's cause when round stopped the
-// calls because ctx ended, else Err.
-func (c *roundCtx) why() error {
+// ended returns the cause of Err once Done is closed (the caller's cause
+// when round stopped the calls because ctx ended), else the caller's cause
+// once the caller's ctx has ended, unless the round is detached: a call
+// still queued when the caller gives up is dropped, also after round has
+// returned (decided early), as under context.WithDeadline(ctx, end).
+func (c *roundCtx) ended() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cause
+	cause := c.cause
+	c.mu.Unlock()
+	if cause == nil && !c.detach && c.parent.Err() != nil {
+		cause = context.Cause(c.parent)
+	}
+	return cause
 }
 
 // stop closes Done with err (context.Canceled if nil) and cause, once;

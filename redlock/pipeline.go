@@ -583,12 +583,14 @@ func (o *op) end() time.Time {
 	return o.deadline
 }
 
-// ended returns o.ctx's cause once it is done, or DeadlineExceeded once
-// o's end has been reached at now, checked against the clock rather than
-// a context's timer, which may not have fired yet at the deadline itself.
+// ended returns o.ctx's cause once it is done (for a round's call, also
+// once the caller's ctx of a round that is not detached is: roundCtx.ended),
+// or DeadlineExceeded once o's end has been reached at now, checked against
+// the clock rather than a context's timer, which may not have fired yet at
+// the deadline itself.
 func (o *op) ended(now time.Time) error {
 	if o.rs != nil { // a round's call: its context is o.rs.ctx (or holds it)
-		if err := o.rs.ctx.why(); err != nil {
+		if err := o.rs.ctx.ended(); err != nil {
 			return err
 		}
 	} else if o.ctx.Err() != nil {

@@ -1188,6 +1188,40 @@ func TestResentReleasePassesLaterAcquire(t *testing.T) {
 	}
 }
 
+// TestQueuedCallDroppedAfterCallerEnds: a call still queued for a busy
+// node after its round was decided without it is dropped, never sent, once
+// the caller's ctx ends (as when the round's context derived from ctx),
+// rather than sent until the round's deadline: load the caller gave up on.
+func TestQueuedCallDroppedAfterCallerEnds(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	hook := &busyThenReject{slow: "x"} // busy for 1 s with x; rejects nothing
+	nodes[2].(*redis.Client).AddHook(hook)
+	c := newClient(t, nodes, redlock.WithNodeTimeout(5*time.Second))
+	bg := context.Background()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if x, err := c.TryAcquire(bg, []string{"x"}, time.Minute); err == nil {
+			_ = x.Release(bg)
+		}
+	})
+	waitFor(t, "node 2 busy with x", hook.busy.Load)
+	ctx, cancel := context.WithCancel(bg)
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute) // decided on nodes 0 and 1
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	waitSettled(t, c)
+	if n := nodes[2].Exists(bg, "r").Val(); n != 0 {
+		t.Errorf("r set on node 2 after its caller's ctx ended: the queued call was sent, want it dropped")
+	}
+	if err := l.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // busyThenReject is a go-redis hook that holds a command or pipeline on
 // key slow for 1 s, and answers the first acquire of key reject within a pipeline
 // without running it: its SET NX GET as a server before 7.0 does, or with
