@@ -77,8 +77,9 @@ type node struct {
 // node's worker and back (1.18x the acquire+release/s of one goroutine
 // locking in a loop, against the same code with the handoff); go-redis
 // then enforces the round's deadline on the I/O itself. Trade-off:
-// cancelling ctx does not interrupt such a send; the call returns when the
-// node answers, at the latest at the node timeout.
+// cancelling ctx does not interrupt such a send, nor go-redis's waits for a
+// pool connection or a dial within it; the call returns when the node
+// answers, at the latest at the node timeout.
 //
 // go-redis hooks on a *redis.Client node see TryAcquire's SET NX GET as a
 // *redis.RawCmd whose error replies are bytes, not errors (its reply is
@@ -325,7 +326,11 @@ type roundCtx struct {
 	err      error // context.Canceled or DeadlineExceeded once done is closed
 	cause    error // err, or the caller's cause (stop)
 	timer    *time.Timer
+	afters   []*afterFunc // AfterFunc's, not yet run or stopped
 }
+
+// afterFunc is a function registered with roundCtx.AfterFunc.
+type afterFunc struct{ f func() }
 
 var _ context.Context = (*roundCtx)(nil)
 
@@ -396,6 +401,38 @@ func (c *roundCtx) stop(err, cause error) {
 	close(c.done)
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	for _, a := range c.afters {
+		go a.f()
+	}
+	c.afters = nil
+}
+
+// AfterFunc arranges to call f in its own goroutine once Done is closed,
+// as context.AfterFunc does; stop unregisters f and reports whether it did
+// so before f was started. The context package uses it for contexts
+// derived from c with WithCancel, WithTimeout and the like (go-redis
+// derives one per dial), which would otherwise start a goroutine each to
+// watch c: c hides the key by which they would hook to a parent directly
+// (Value).
+func (c *roundCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		go f()
+		return func() bool { return false }
+	}
+	a := &afterFunc{f: f}
+	c.afters = append(c.afters, a)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		i := slices.Index(c.afters, a)
+		if i < 0 {
+			return false
+		}
+		c.afters = slices.Delete(c.afters, i, i+1)
+		return true
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -274,5 +275,47 @@ func TestRoundTimers(t *testing.T) {
 	nilErr.stop(nil, nil) // must not close Done twice
 	if err := nilErr.Err(); err != context.Canceled {
 		t.Errorf("Err after stop(nil) = %v, want Canceled", err)
+	}
+}
+
+// TestRoundCtxAfterFunc: contexts derived from a round's context hook to
+// it through AfterFunc, with no goroutine each, end when it stops, and
+// unregister when they end first.
+func TestRoundCtxAfterFunc(t *testing.T) {
+	var rc roundCtx
+	rc.init(context.Background(), time.Now().Add(time.Hour), false)
+	before := runtime.NumGoroutine()
+	var children []context.Context
+	for range 50 {
+		child, cancel := context.WithTimeout(&rc, time.Hour)
+		defer cancel()
+		children = append(children, child)
+	}
+	if n := runtime.NumGoroutine() - before; n >= 25 {
+		t.Errorf("%d goroutines started for 50 derived contexts, want none (AfterFunc)", n)
+	}
+	_, cancel := context.WithCancel(&rc)
+	cancel()
+	rc.mu.Lock()
+	registered := len(rc.afters)
+	rc.mu.Unlock()
+	if registered != 50 {
+		t.Errorf("%d functions registered, want 50 (a cancelled child unregisters)", registered)
+	}
+	rc.stop(context.Canceled, nil)
+	for i, child := range children {
+		select {
+		case <-child.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("child %d not done after the round's context stopped", i)
+		}
+		if err := child.Err(); err != context.Canceled {
+			t.Fatalf("child %d: Err = %v, want Canceled", i, err)
+		}
+	}
+	late, cancel := context.WithCancel(&rc) // derived after the stop: done at once
+	defer cancel()
+	if late.Err() == nil {
+		t.Error("a context derived from a stopped round's context is not done")
 	}
 }

@@ -613,7 +613,9 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, once bool) *Quorum
 	}
 	undone := c.releaseAll(detached(ctx), l, "undo", "", skip)
 	l.mu.Lock()
-	l.undone = undone
+	// A copy: round's results live in its state, which holds the caller's
+	// ctx, and a Lock that a later attempt acquires may live long.
+	l.undone = slices.Clone(undone)
 	l.mu.Unlock()
 	return qerr
 }

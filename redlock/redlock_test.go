@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/redis/go-redis/v9"
@@ -1220,6 +1222,40 @@ func TestQueuedCallDroppedAfterCallerEnds(t *testing.T) {
 	if err := l.Release(bg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestHeldLockKeepsNoCallerContext: a lock acquired after a failed
+// attempt does not keep the Acquire's ctx (and its values) reachable
+// through that attempt's results, which live in the round's state.
+func TestHeldLockKeepsNoCallerContext(t *testing.T) {
+	cl := redlocktest.Start(t, 1)
+	c := newClient(t, cl.Clients(t))
+	a, err := c.TryAcquire(context.Background(), []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct{}
+	big := new([1 << 20]byte)
+	wp := weak.Make(big)
+	ctx := context.WithValue(context.Background(), key{}, big)
+	time.AfterFunc(100*time.Millisecond, func() { _ = a.Release(context.Background()) })
+	l, err := c.Acquire(ctx, []string{"r"}, 10*time.Second) // fails until a's release
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, big = nil, nil
+	_, _ = ctx, big
+	for range 5 {
+		runtime.GC()
+	}
+	if wp.Value() != nil {
+		t.Error("the Acquire's ctx value is reachable while the lock is held")
+	}
+	runtime.KeepAlive(l)
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
 }
 
 // busyThenReject is a go-redis hook that holds a command or pipeline on
