@@ -503,9 +503,9 @@ type roundSpec struct {
 	// extend, fence; nil for Holder): sendPipeline keeps a command from
 	// passing a later one of the same lock on the same key.
 	lock *Lock
-	// detach makes the round ignore the caller's cancellation (as under
-	// context.WithoutCancel): the calls of a release run to their answers
-	// or the node timeout.
+	// detach makes the round ignore the caller's cancellation and
+	// deadline (as under context.WithoutCancel): the calls of a release
+	// run to their answers or the node timeout.
 	detach bool
 	// deadline, if set and earlier than the node timeout, ends the round
 	// and drops its scripts still queued for a busy node (extend: Until).
