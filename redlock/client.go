@@ -747,8 +747,7 @@ func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sen
 // the node timeout; held is false when no single lock holds it on a quorum
 // (free, expiring, or contested). A lock without metadata gives "" and true.
 // Errors: a *QuorumError matching ErrUnavailable when so many nodes failed
-// that the answer is unknown, which also matches ctx's cause when ctx
-// ended first. Safe for concurrent use.
+// that the answer is unknown. Safe for concurrent use.
 func (c *Client) Holder(ctx context.Context, resource string) (metadata string, held bool, err error) {
 	if resource == "" {
 		return "", false, invalidf("empty resource")
@@ -775,7 +774,7 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 		for i := range rs {
 			rs[i].value = ""
 		}
-		return "", false, withCause(ctx, c.quorumError("holder", []string{resource}, rs))
+		return "", false, c.quorumError("holder", []string{resource}, rs)
 	}
 	return "", false, nil
 }

@@ -59,10 +59,7 @@
 //
 // Failed acquisitions match ErrNotAcquired; a lock that is gone matches
 // ErrLockLost; rounds that failed because nodes were down match
-// ErrUnavailable. The error of a call cut short by its ctx also matches
-// ctx's cause: Acquire's and TryAcquire's, and the ErrUnavailable of Extend
-// and Holder (Release ignores ctx's end). A *QuorumError (errors.As)
-// carries every node's outcome.
+// ErrUnavailable. A *QuorumError (errors.As) carries every node's outcome.
 // Bad input matches ErrInvalidArgument and is reported before any I/O.
 //
 // # Concurrency

@@ -365,16 +365,6 @@ func (l *Lock) noticeID() string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// withCause returns err, which also matches ctx's cause (errors.Is) once
-// ctx has ended: a round that failed because its caller gave up says so,
-// as Acquire's errors do (the domain error and the ctx cause).
-func withCause(ctx context.Context, err error) error {
-	if ctx.Err() == nil {
-		return err
-	}
-	return fmt.Errorf("%w: %w", err, context.Cause(ctx))
-}
-
 // detached returns ctx without its cancellation (context.WithoutCancel),
 // or ctx itself when it can never be cancelled.
 func detached(ctx context.Context) context.Context {
@@ -871,10 +861,10 @@ func (l *Lock) fenceKeys() []any {
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrLockLost when
 // Until has passed, the lock was released, or too many nodes no longer hold
 // it; otherwise a *QuorumError matching ErrUnavailable (nodes failed, so no
-// quorum confirmed the extension), which also matches ctx's cause when ctx
-// ended first: the lock then stays valid until its unchanged Until (a
-// node's failure never releases the lock elsewhere). Bounded by the node
-// timeout; ctx can end it sooner.
+// quorum confirmed the extension): the lock then stays valid until its
+// unchanged Until (a node's failure never
+// releases the lock elsewhere). Bounded by the node timeout; ctx can end it
+// sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend on a nil *Lock")
@@ -935,8 +925,8 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("%w: %q: validity ended at %v before a quorum confirmed the extension: %w",
 			ErrLockLost, l.resources, l.until, c.unconfirmed("extend", l.resources, rs))
 	}
-	// Not lost for sure, not confirmed either: nodes failed, or ctx ended.
-	return withCause(ctx, c.unconfirmed("extend", l.resources, rs))
+	// Not lost for sure, not confirmed either: nodes failed.
+	return c.unconfirmed("extend", l.resources, rs)
 }
 
 // checkHeld returns ErrLockLost unless l is held and within its validity.
