@@ -275,7 +275,7 @@ func TermFromContext(ctx context.Context) (term uint64, ok bool) {
 // Leader returns the identity of the current leader as seen by a quorum of
 // nodes, with one round of reads. Errors: ErrNoLeader when no candidate
 // holds the lease on a quorum; an error matching redlock.ErrUnavailable
-// when too many nodes failed.
+// when the nodes that failed leave that unknown (redlock.Client.Holder).
 func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 	id, held, err := e.client.Holder(ctx, e.res)
 	switch {

@@ -746,8 +746,10 @@ func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sen
 // resource on a quorum of nodes, from one parallel round of reads bounded by
 // the node timeout; held is false when no single lock holds it on a quorum
 // (free, expiring, or contested). A lock without metadata gives "" and true.
-// Errors: a *QuorumError matching ErrUnavailable when so many nodes failed
-// that the answer is unknown. Safe for concurrent use.
+// Errors: a *QuorumError matching ErrUnavailable when the nodes that failed
+// leave the answer unknown: when, counted as holding it, they would
+// complete a quorum for the lock that most answering nodes hold (or, with
+// none, when they are a quorum themselves). Safe for concurrent use.
 func (c *Client) Holder(ctx context.Context, resource string) (metadata string, held bool, err error) {
 	if resource == "" {
 		return "", false, invalidf("empty resource")
@@ -761,20 +763,30 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 			}
 			return reply{ok: true, value: v}, err
 		}})
-	votes := map[string]int{}
+	votes, best := map[string]int{}, 0
 	for _, r := range rs {
 		if _, md, ok := splitValue(r.value); r.Outcome == OutcomeOK && ok {
 			v := unmarked(r.value) // a waiter may have marked it on some nodes only
-			if votes[v]++; votes[v] >= c.quorum {
+			votes[v]++
+			if votes[v] >= c.quorum {
 				return md, true, nil
 			}
+			best = max(best, votes[v])
 		}
 	}
-	if failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout); failed > len(rs)-c.quorum {
+	// The answer is unknown when the nodes that failed could hold the most
+	// voted lock and so complete its quorum: "not held" would then be a
+	// guess (with one of 3 nodes failed, one holding the lock and one not,
+	// the lock may hold on 2).
+	if failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout); best+failed >= c.quorum {
 		for i := range rs {
 			rs[i].value = ""
 		}
-		return "", false, c.quorumError("holder", []string{resource}, rs)
+		qerr := c.quorumError("holder", []string{resource}, rs)
+		if !errors.Is(qerr, ErrUnavailable) { // fewer failed than make a quorum impossible
+			qerr.sentinels = append(qerr.sentinels, ErrUnavailable)
+		}
+		return "", false, qerr
 	}
 	return "", false, nil
 }

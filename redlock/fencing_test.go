@@ -146,6 +146,45 @@ func TestFencingCountersExpire(t *testing.T) {
 	}
 }
 
+// TestHolderUnknownWithAFailedNode: Holder answers ErrUnavailable, not
+// "not held", when a failed node could complete a quorum for the lock the
+// others report: node 0 holds it, node 1 lost its key, node 2 (which holds
+// it too) is stopped. It answered not held before, and elector.Leader no
+// leader, while the lock held on 2 of 3 nodes. With no lock reported by the
+// answering nodes, one failed node leaves the answer known: not held.
+func TestHolderUnknownWithAFailedNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes, redlock.WithNodeTimeout(200*time.Millisecond))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, redlock.WithMetadata("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	if err := nodes[1].Del(ctx, "r").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	if md, held, err := c.Holder(ctx, "r"); held || !errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("Holder with node 2 stopped = %q, %v, %v; want ErrUnavailable (node 2 may complete the quorum)", md, held, err)
+	}
+	cl[2].Cont(t)
+	if md, held, err := c.Holder(ctx, "r"); err != nil || !held || md != "a" {
+		t.Errorf("Holder with node 2 back = %q, %v, %v; want a, true, nil", md, held, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	cl[2].Stop(t)
+	if md, held, err := c.Holder(ctx, "r"); held || err != nil {
+		t.Errorf("Holder of a free resource with node 2 stopped = %q, %v, %v; want not held, nil", md, held, err)
+	}
+	cl[2].Cont(t)
+}
+
 func TestMetadataAndHolder(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
