@@ -718,7 +718,8 @@ func count(rs []NodeResult, o Outcome) int {
 }
 
 // unconfirmed builds the error for an extend or release round that neither
-// reached a quorum nor lost the lock for sure: failed nodes left the outcome
+// reached a quorum nor lost the lock for sure, or a holder round whose
+// failed nodes could complete a quorum: failed nodes left the outcome
 // unknown, so it always matches ErrUnavailable.
 func (c *Client) unconfirmed(op string, resources []string, rs []NodeResult) *QuorumError {
 	qerr := c.quorumError(op, resources, rs)
@@ -782,11 +783,7 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 		for i := range rs {
 			rs[i].value = ""
 		}
-		qerr := c.quorumError("holder", []string{resource}, rs)
-		if !errors.Is(qerr, ErrUnavailable) { // fewer failed than make a quorum impossible
-			qerr.sentinels = append(qerr.sentinels, ErrUnavailable)
-		}
-		return "", false, qerr
+		return "", false, c.unconfirmed("holder", []string{resource}, rs)
 	}
 	return "", false, nil
 }

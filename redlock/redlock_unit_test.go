@@ -252,6 +252,53 @@ func TestQuorumIsOfConfiguredNodes(t *testing.T) {
 	}
 }
 
+// TestHolderWithFailedNodes: on 4 nodes (quorum 3), Holder names a lock
+// held on a quorum, answers ErrUnavailable when the failed nodes could
+// complete a quorum for the most voted lock, and "not held" when they
+// could not (two failed nodes and no lock on the others: before, two
+// failed nodes of four always made the answer unknown). Per node: A holds
+// the lock, - lost its key, X is down.
+func TestHolderWithFailedNodes(t *testing.T) {
+	for _, tc := range []struct {
+		nodes         string
+		held, unknown bool
+	}{
+		{"AAAX", true, false},
+		{"AA-X", false, true},
+		{"A-XX", false, true},
+		{"--XX", false, false},
+		{"A---", false, false},
+	} {
+		t.Run(tc.nodes, func(t *testing.T) {
+			ms, cs := miniNodes(t, 4)
+			// 500 ms: a down node's call ends at the node timeout.
+			c := newClient(t, cs, redlock.WithNodeTimeout(500*time.Millisecond))
+			ctx := context.Background()
+			if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, redlock.WithMetadata("a")); err != nil {
+				t.Fatal(err)
+			}
+			waitSettled(t, c)
+			for i, state := range tc.nodes {
+				switch state {
+				case '-':
+					ms[i].Del("r")
+				case 'X':
+					ms[i].Close()
+				}
+			}
+			md, held, err := c.Holder(ctx, "r")
+			switch {
+			case tc.held && (!held || md != "a" || err != nil):
+				t.Errorf("Holder = %q, %v, %v; want a, true, nil", md, held, err)
+			case tc.unknown && (held || !errors.Is(err, redlock.ErrUnavailable)):
+				t.Errorf("Holder = %q, %v, %v; want ErrUnavailable", md, held, err)
+			case !tc.held && !tc.unknown && (held || err != nil):
+				t.Errorf("Holder = %q, %v, %v; want not held, nil", md, held, err)
+			}
+		})
+	}
+}
+
 // TestHolderNeedsAQuorum: a refused round names a holder only when one
 // holder refused on a quorum of nodes. A 1-1 split between two contenders
 // named the lexically smaller one, so OnNewLeader reported candidates that
