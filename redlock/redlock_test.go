@@ -1117,18 +1117,11 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 			}
 			// x is released only at the end: a release queued meanwhile
 			// would join its SET on node 2 in one pipeline.
-			var x *redlock.Lock
-			var wg sync.WaitGroup
-			wg.Go(func() { x, _ = c.TryAcquire(ctx, []string{"x"}, time.Minute) })
-			waitFor(t, "node 2 busy with x", hook.busy.Load)
-			if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, tc.opts...); !errors.Is(err, redlock.ErrNotAcquired) {
-				t.Fatalf("TryAcquire r: %v, want ErrNotAcquired", err)
-			}
-			wg.Wait()
-			if x != nil {
-				_ = x.Release(ctx)
-			}
-			waitSettled(t, c)
+			whileBusy(t, c, hook, func() {
+				if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, tc.opts...); !errors.Is(err, redlock.ErrNotAcquired) {
+					t.Fatalf("TryAcquire r: %v, want ErrNotAcquired", err)
+				}
+			})
 			if !hook.rejected.Load() || !hook.shared.Load() {
 				t.Fatalf("the hook rejected the acquire of r in a pipeline: %v, with a later command on r: %v; both must be true, or the test tests nothing",
 					hook.rejected.Load(), hook.shared.Load())
@@ -1160,24 +1153,17 @@ func TestResentReleasePassesLaterAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitSettled(t, c)
-	var x *redlock.Lock
-	var wg sync.WaitGroup
-	wg.Go(func() { x, _ = c.TryAcquire(ctx, []string{"x"}, time.Minute) })
-	waitFor(t, "node 2 busy with x", hook.busy.Load)
-	// A's release returns on nodes 0 and 1; B then gets r there. On node
-	// 2 both queue behind x, A's release first.
-	if err := a.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
-	if err != nil {
-		t.Fatalf("TryAcquire by B after A's release: %v", err)
-	}
-	wg.Wait()
-	if x != nil {
-		_ = x.Release(ctx)
-	}
-	waitSettled(t, c)
+	var b *redlock.Lock
+	whileBusy(t, c, hook, func() {
+		// A's release returns on nodes 0 and 1; B then gets r there. On
+		// node 2 both queue behind x, A's release first.
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if b, err = c.TryAcquire(ctx, []string{"r"}, time.Minute); err != nil {
+			t.Fatalf("TryAcquire by B after A's release: %v", err)
+		}
+	})
 	if !hook.rejected.Load() || !hook.shared.Load() {
 		t.Fatalf("the hook rejected the release of r in a pipeline: %v, with a later command on r: %v; both must be true, or the test tests nothing",
 			hook.rejected.Load(), hook.shared.Load())
@@ -1201,21 +1187,16 @@ func TestQueuedCallDroppedAfterCallerEnds(t *testing.T) {
 	nodes[2].(*redis.Client).AddHook(hook)
 	c := newClient(t, nodes, redlock.WithNodeTimeout(5*time.Second))
 	bg := context.Background()
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if x, err := c.TryAcquire(bg, []string{"x"}, time.Minute); err == nil {
-			_ = x.Release(bg)
+	var l *redlock.Lock
+	whileBusy(t, c, hook, func() {
+		ctx, cancel := context.WithCancel(bg)
+		var err error
+		l, err = c.TryAcquire(ctx, []string{"r"}, time.Minute) // decided on nodes 0 and 1
+		cancel()
+		if err != nil {
+			t.Fatal(err)
 		}
 	})
-	waitFor(t, "node 2 busy with x", hook.busy.Load)
-	ctx, cancel := context.WithCancel(bg)
-	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute) // decided on nodes 0 and 1
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	waitSettled(t, c)
 	if n := nodes[2].Exists(bg, "r").Val(); n != 0 {
 		t.Errorf("r set on node 2 after its caller's ctx ended: the queued call was sent, want it dropped")
 	}
@@ -1254,6 +1235,25 @@ func TestHeldLockKeepsNoCallerContext(t *testing.T) {
 	runtime.KeepAlive(l)
 	if err := l.Release(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	waitSettled(t, c)
+}
+
+// whileBusy runs fn while node 2's worker is held by a TryAcquire of
+// hook.slow (busyThenReject keeps it 1 s), then waits for that acquire,
+// releases its lock and lets c settle: what fn queues for node 2 meanwhile
+// goes there in one pipeline.
+func whileBusy(t *testing.T, c *redlock.Client, hook *busyThenReject, fn func()) {
+	t.Helper()
+	ctx := context.Background()
+	var x *redlock.Lock
+	var wg sync.WaitGroup
+	wg.Go(func() { x, _ = c.TryAcquire(ctx, []string{hook.slow}, time.Minute) })
+	waitFor(t, "node 2 busy with "+hook.slow, hook.busy.Load)
+	fn()
+	wg.Wait()
+	if x != nil {
+		_ = x.Release(ctx)
 	}
 	waitSettled(t, c)
 }
