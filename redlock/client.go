@@ -635,9 +635,17 @@ func (c *Client) round(ctx context.Context, spec roundSpec) (results []NodeResul
 			cause = fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
 		}
 	}
+	// Calls that the caller's end cut short say nothing about their
+	// nodes: they do not count as failures (quorumError).
+	byCaller := !spec.detach && ctx.Err() != nil
 	for i := range rs.results {
-		if r := &rs.results[i]; r.Outcome < 0 {
+		r := &rs.results[i]
+		if r.Outcome < 0 {
 			r.Outcome, r.Err, r.Latency = missing, cause, time.Since(rs.start)
+		}
+		if byCaller && (r.Outcome == OutcomeTimeout || r.Outcome == OutcomeError) &&
+			(errors.Is(r.Err, context.Canceled) || errors.Is(r.Err, context.DeadlineExceeded)) {
+			r.canceled = true
 		}
 	}
 	return rs.results
@@ -706,6 +714,18 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// failures returns the number of nodes that failed: errors, timeouts and
+// restart gates, not counting the calls that the caller's end cut short.
+func failures(rs []NodeResult) int {
+	n := 0
+	for _, r := range rs {
+		if (r.Outcome == OutcomeError || r.Outcome == OutcomeTimeout || r.Outcome == OutcomeGated) && !r.canceled {
+			n++
+		}
+	}
+	return n
+}
+
 // count returns the number of results with outcome o.
 func count(rs []NodeResult, o Outcome) int {
 	n := 0
@@ -734,8 +754,7 @@ func (c *Client) unconfirmed(op string, resources []string, rs []NodeResult) *Qu
 // failures (errors and timeouts) do.
 func (c *Client) quorumError(op string, resources []string, rs []NodeResult, sentinels ...error) *QuorumError {
 	n := len(rs)
-	failed := count(rs, OutcomeError) + count(rs, OutcomeTimeout) + count(rs, OutcomeGated)
-	if failed > n-c.quorum {
+	if failures(rs) > n-c.quorum {
 		sentinels = append(sentinels, ErrUnavailable)
 	}
 	// A copy: round's results live in its state, which holds the caller's

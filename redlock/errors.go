@@ -108,8 +108,9 @@ type NodeResult struct {
 	// holder's owner token is never exposed.
 	Holder string
 
-	token uint64 // fencing token proposed by the node (acquire with fencing)
-	value string // the key's value (Holder only; never leaves the package)
+	token    uint64 // fencing token proposed by the node (acquire with fencing)
+	canceled bool   // the caller's ctx ended the call: not a node failure
+	value    string // the key's value (Holder only; never leaves the package)
 
 	traceparent string        // acquire: the refusing holder's trace context
 	reentered   bool          // acquire: a reentrant hold whose token was reused

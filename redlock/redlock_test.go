@@ -898,6 +898,38 @@ func TestNodeSlowerThanNodeTimeoutIsCleaned(t *testing.T) {
 	}
 }
 
+// TestCancelledRoundIsNotUnavailable: a round that the caller's ctx cuts
+// short, on healthy nodes, fails with ErrNotAcquired and ctx's cause, not
+// with ErrUnavailable ("Redis is down"): the nodes did not fail, the
+// caller gave up (a regression: every cut-short call counted as a node
+// timeout, and a scheduler Shutdown read as an outage).
+func TestCancelledRoundIsNotUnavailable(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := cl.ProxiedClients(t)
+	for _, p := range proxies {
+		p.SetLatency(100 * time.Millisecond)
+	}
+	c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
+	for _, call := range []string{"TryAcquire", "Acquire"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		var err error
+		if call == "TryAcquire" {
+			_, err = c.TryAcquire(ctx, []string{"r-" + call}, time.Minute)
+		} else {
+			_, err = c.Acquire(ctx, []string{"r-" + call}, time.Minute)
+		}
+		if !errors.Is(err, redlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			t.Errorf("%s cancelled mid-round: %v; want ErrNotAcquired and context.Canceled", call, err)
+		}
+		if errors.Is(err, redlock.ErrUnavailable) {
+			t.Errorf("%s cancelled mid-round: %v matches ErrUnavailable; every node is healthy", call, err)
+		}
+		cancel()
+	}
+	waitSettled(t, c)
+}
+
 // TestErrorReplyToSetNXGet: TryAcquire's SET NX GET goes out with its
 // reply read raw (pipeline.go, cook). An error reply that go-redis does
 // not retry (here OOM, from a node over its maxmemory) reaches the caller

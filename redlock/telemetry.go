@@ -292,7 +292,7 @@ func roundOutcome(op string, rs []NodeResult, quorum int) string {
 	switch {
 	case count(rs, OutcomeOK) >= quorum:
 		return tracing.OutcomeGranted
-	case count(rs, OutcomeError)+count(rs, OutcomeTimeout)+count(rs, OutcomeGated) > n-quorum:
+	case failures(rs) > n-quorum:
 		return tracing.OutcomeUnavailable
 	case op == "undo":
 		// Undoing a failed attempt: nodes that answer "held" keep the

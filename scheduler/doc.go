@@ -31,7 +31,11 @@
 // A busy job is a skip, not a wait: Lock returns ErrHeldElsewhere at once.
 // When Redis nodes fail, Lock returns an error matching
 // redlock.ErrUnavailable (with the *redlock.QuorumError), so an
-// AfterLockError listener can tell the two apart.
+// AfterLockError listener can tell the two apart; a Lock cut short because
+// gocron stopped the job (Shutdown, RemoveJob, Update) returns ErrStopped.
+//
+// A tick whose run has started is never given back, even when the run is
+// interrupted: at most once per tick, and an interrupted run is not re-run.
 //
 // # Lost locks
 //

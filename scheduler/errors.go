@@ -11,6 +11,14 @@ var (
 	// instances but one. The redlock *QuorumError is wrapped too.
 	ErrHeldElsewhere = errors.New("scheduler: job held by another instance")
 
+	// ErrStopped matches a Lock cut short because gocron stopped the job
+	// while its lock was being taken (Shutdown, RemoveJob, Update or
+	// StopJobs cancel the job's context): the tick is skipped here, and
+	// the error also matches the context's cause (context.Canceled). It
+	// says nothing about the Redis nodes and never matches
+	// redlock.ErrUnavailable: do not alert on it.
+	ErrStopped = errors.New("scheduler: job stopped")
+
 	// ErrUnstableName matches a job name that is not stable across
 	// instances and builds: empty, or gocron's default name for an unnamed
 	// closure or method value (a Go function name such as

@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -177,8 +178,10 @@ func (l *Locker) Tick(job string) time.Time {
 // Errors (gocron skips the run and passes them to AfterLockError):
 // ErrHeldElsewhere when another instance took this tick or runs the job;
 // an error matching redlock.ErrUnavailable (with the redlock *QuorumError)
-// when too many Redis nodes still failed at the lock timeout; ErrUnstableName for an empty name; ctx's
-// error when ctx ended. Lock never returns (nil, nil).
+// when too many Redis nodes still failed at the lock timeout; ErrStopped,
+// with ctx's cause, when ctx ended (gocron stopped the job), never
+// ErrUnavailable then; ErrUnstableName for an empty name. Lock never
+// returns (nil, nil).
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if key == "" {
 		return nil, checkName(key)
@@ -194,13 +197,13 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	defer cancel()
 
 	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
-	marker, err := l.take(lctx, tickRes, l.tickTTL(), nil)
+	marker, err := l.take(ctx, lctx, tickRes, l.tickTTL(), nil)
 	if err != nil {
 		err = l.lockError(key, tick, "tick", err)
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
-	run, err := l.take(lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl, func() bool { return l.running(key) })
+	run, err := l.take(ctx, lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl, func() bool { return l.running(key) })
 	if err != nil {
 		if !isHeld(err) || errors.Is(err, redlock.ErrUnavailable) {
 			// Not a busy job: give the tick back, another instance may
@@ -215,7 +218,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if l.runCount.Enabled(ctx) {
 		l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(key), tracing.Outcome.String(tracing.OutcomeRan)))
 	}
-	rl := &runLock{l: l, job: key, tick: tick, jobCtx: ctx, marker: marker, run: run, span: span}
+	rl := &runLock{l: l, job: key, tick: tick, jobCtx: ctx, run: run, span: span}
 	rl.ctx, rl.stop = run.Keep(context.WithValue(sctx, tickKey{}, tick))
 	l.mu.Lock()
 	l.runs[ctx] = rl
@@ -237,13 +240,25 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 // holder is one of this call's own earlier rounds, whose grant reached the
 // nodes after the round had given up and which redlock deletes as soon as
 // its reply arrives (a late grant); that is retried like a split round.
-func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration, held func() bool) (*redlock.Lock, error) {
+//
+// When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
+// StopJobs) ends, take returns an error that matches ctx's cause and never
+// redlock.ErrUnavailable: the nodes did not fail. When the lock timeout
+// ends, it returns the error of the last round that ran to its end.
+func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Duration, held func() bool) (*redlock.Lock, error) {
 	unavailable := 0
+	var last error // of the last round that lctx did not cut short
 	for {
 		lk, err := l.client.TryAcquire(lctx, []string{resource}, ttl, redlock.WithMetadata(l.cfg.instance))
-		if err == nil {
+		switch {
+		case err == nil:
 			return lk, nil
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx))
+		case lctx.Err() != nil && last != nil:
+			return nil, last
 		}
+		last = err
 		var qerr *redlock.QuorumError
 		if !errors.As(err, &qerr) {
 			return nil, err
@@ -259,6 +274,9 @@ func (l *Locker) take(lctx context.Context, resource string, ttl time.Duration, 
 		select {
 		case <-lctx.Done():
 			t.Stop()
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx))
+			}
 			return nil, err
 		case <-t.C:
 		}
@@ -288,6 +306,8 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 			span.SetStatus(codes.Error, err.Error())
 		}
 	case errors.Is(err, ErrHeldElsewhere):
+	case errors.Is(err, ErrStopped):
+		outcome = tracing.OutcomeSkippedStopped
 	default:
 		outcome = "skipped"
 		if span.IsRecording() {
@@ -312,6 +332,8 @@ func isHeld(err error) bool {
 func (l *Locker) lockError(job string, tick time.Time, what string, err error) error {
 	e := &tickError{job: job, tick: tick, what: what, err: err}
 	switch {
+	case errors.Is(err, ErrStopped):
+		e.kind = tickStopped
 	case errors.Is(err, redlock.ErrUnavailable):
 		e.kind = tickUnavailable
 	case errors.Is(err, redlock.ErrNotAcquired) && isHeld(err):
@@ -326,7 +348,7 @@ func (l *Locker) lockError(job string, tick time.Time, what string, err error) e
 // (formatting each one's error, with its per-node detail, was 19 of the
 // 111 allocations of such a Lock: BenchmarkLockHeldElsewhere).
 type tickError struct {
-	kind int // tickHeld, tickUnavailable or 0
+	kind int // tickHeld, tickUnavailable, tickStopped or 0
 	job  string
 	tick time.Time
 	what string // "tick" or "run"
@@ -336,6 +358,7 @@ type tickError struct {
 const (
 	tickHeld = 1 + iota
 	tickUnavailable
+	tickStopped
 )
 
 // Error reads `scheduler: job "J" tick T: redis unavailable: <redlock's
@@ -345,6 +368,10 @@ const (
 func (e *tickError) Error() string {
 	at := e.tick.Format(time.RFC3339Nano)
 	switch e.kind {
+	case tickStopped:
+		cause := strings.TrimPrefix(e.err.Error(), ErrStopped.Error()+": ")
+		return fmt.Sprintf("scheduler: job %q tick %s: skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken: %s",
+			e.job, at, cause)
 	case tickUnavailable:
 		return fmt.Sprintf("scheduler: job %q tick %s: redis unavailable: %v", e.job, at, e.err)
 	case tickHeld:
@@ -435,7 +462,6 @@ type runLock struct {
 	job    string
 	tick   time.Time
 	jobCtx context.Context
-	marker *redlock.Lock
 	run    *redlock.Lock
 	ctx    context.Context // cancelled when the run lock is lost
 	stop   func() error
@@ -467,9 +493,11 @@ func (r *runLock) watch() {
 
 // Unlock implements gocron.Lock. It stops the extension and releases the run
 // lock on a context detached from ctx (gocron passes the job's ctx, already
-// cancelled after Shutdown, StopJobs or RemoveJob), bounded by the redlock
-// node timeout. The tick record stays until it expires, unless ctx was
-// cancelled: an interrupted run gives its tick back. It returns the lost-lock
+// cancelled after Shutdown, StopJobs, RemoveJob or Update), bounded by the
+// redlock node timeout. The tick record always stays until it expires, also
+// when the run was interrupted: once Lock has returned, gocron runs the job,
+// and whether it finished its work is unknown here, so the tick is never
+// given back to another instance (at most once per tick). It returns the lost-lock
 // or release error (gocron ignores it; it is also logged). Calling Unlock
 // again returns the first result.
 func (r *runLock) Unlock(ctx context.Context) error {
@@ -483,9 +511,6 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		r.l.mu.Unlock()
 		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
 		rerr := r.run.Release(dctx)
-		if ctx.Err() != nil {
-			_ = r.marker.Release(dctx)
-		}
 		if lost != nil {
 			r.span.AddEvent(tracing.EventLockLost)
 			r.span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -290,11 +291,15 @@ func TestInstanceLeavingMidRun(t *testing.T) {
 	judge(t, rec.snapshot(), time.Second, start.Add(2*time.Second), time.Now().Add(-time.Second))
 }
 
-func TestShutdownWhileJobRunsLeavesNoKey(t *testing.T) {
+// TestShutdownWhileJobRunsKeepsItsTick: a Shutdown during a run releases
+// the run lock on every node but keeps the tick record, which expires
+// with its TTL: the run had started, so no other instance may run the tick.
+func TestShutdownWhileJobRunsKeepsItsTick(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
 	rec := &recorder{}
-	s := startInstance(t, cl, rec, instanceSpec{def: gocron.CronJob("* * * * * *", true), jobTime: time.Minute})
+	s := startInstance(t, cl, rec, instanceSpec{def: gocron.CronJob("* * * * * *", true), jobTime: time.Minute,
+		opts: []scheduler.LockerOption{scheduler.WithClockTolerance(time.Minute)}})
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if running, _ := s.Jobs()[0].IsRunning(); running {
@@ -310,15 +315,27 @@ func TestShutdownWhileJobRunsLeavesNoKey(t *testing.T) {
 	}
 	// Release returns on a quorum; the last node's delete follows.
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		left := 0
+		runLocks, ticks := 0, 0
 		for _, keys := range cl.Keys(t) {
-			left += len(keys)
+			for _, k := range keys {
+				switch {
+				case k == "schedlock:job:job":
+					runLocks++
+				case strings.HasPrefix(k, "schedlock:tick:job:"):
+					ticks++
+				default:
+					t.Fatalf("unexpected key %q", k)
+				}
+			}
 		}
-		if left == 0 {
+		if ticks != 3 {
+			t.Fatalf("the tick record is on %d of 3 nodes after Shutdown, want 3: keys %q", ticks, cl.Keys(t))
+		}
+		if runLocks == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("keys %q remain 2s after Shutdown", cl.Keys(t))
+			t.Fatalf("the run lock remains 2s after Shutdown: keys %q", cl.Keys(t))
 		}
 	}
 	if runs := rec.snapshot(); len(runs) != 1 {

@@ -99,6 +99,9 @@ const (
 	OutcomeRan         = "ran"         // scheduler: the job ran here
 	OutcomeSkippedHeld = "skipped_held_elsewhere"
 	OutcomeSkippedDown = "skipped_redis_unavailable"
+	// OutcomeSkippedStopped: gocron stopped the job (Shutdown, RemoveJob,
+	// Update, StopJobs) while its lock was being taken.
+	OutcomeSkippedStopped = "skipped_stopped"
 )
 
 // Values of error.type on spans with status Error.

@@ -1,0 +1,162 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/google/uuid"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+	"github.com/schedlock/schedlock/scheduler"
+)
+
+// deployRun is one run of the rolling-deploy tests' job.
+type deployRun struct {
+	instance string
+	tick     time.Time
+}
+
+// TestRollingDeployRunsEachTickOnce: instance A runs a short job whose
+// task ignores its ctx (a plain func()); A stops the job mid-run (Shutdown,
+// RemoveJob or Update, as a rolling deploy does); instance B, whose clock
+// is 150 ms behind, fires the same tick after A's run has ended. B must
+// find the tick taken: the run had started, so its tick is never given
+// back (a regression: Unlock released the tick record whenever the job's
+// ctx was cancelled, and B ran the tick again).
+func TestRollingDeployRunsEachTickOnce(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"Shutdown", "RemoveJob", "Update"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			cl := redlocktest.Start(t, 3)
+			var mu sync.Mutex
+			var runs []deployRun
+			started := make(chan struct{}, 16)
+			// A definition holds its parsed schedule: one per job.
+			def := func() gocron.JobDefinition { return gocron.CronJob("* * * * * *", true) }
+			newInstance := func(name string, offset time.Duration) (*scheduler.Scheduler, uuid.UUID, gocron.Task) {
+				c, err := redlock.New(cl.Clients(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, err := scheduler.New(c, scheduler.WithLockerOptions(
+					scheduler.WithClock(redlocktest.OffsetClock(offset)), scheduler.WithInstanceID(name)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				task := gocron.NewTask(func() { // ignores the job's ctx
+					tick := s.Locker().Tick("job")
+					mu.Lock()
+					runs = append(runs, deployRun{name, tick})
+					mu.Unlock()
+					if name == "A" {
+						select {
+						case started <- struct{}{}:
+						default:
+						}
+					}
+					time.Sleep(40 * time.Millisecond)
+				})
+				j, err := s.NewJob(def(), task, gocron.WithName("job"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Start()
+				t.Cleanup(func() { _ = s.Shutdown() })
+				return s, j.ID(), task
+			}
+			a, id, task := newInstance("A", 0)
+			newInstance("B", -150*time.Millisecond)
+
+			select {
+			case <-started:
+			case <-time.After(5 * time.Second):
+				t.Fatal("instance A never ran the job")
+			}
+			var err error
+			switch how {
+			case "Shutdown":
+				err = a.Shutdown()
+			case "RemoveJob":
+				err = a.RemoveJob(id)
+			case "Update":
+				_, err = a.Update(id, def(), task, gocron.WithName("job"))
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", how, err)
+			}
+			time.Sleep(1500 * time.Millisecond) // B fires the tick and the next one
+
+			mu.Lock()
+			defer mu.Unlock()
+			first := runs[0].tick // A's interrupted run
+			byTick := map[time.Time][]string{}
+			for _, r := range runs {
+				byTick[r.tick] = append(byTick[r.tick], r.instance)
+			}
+			if got := byTick[first]; len(got) != 1 {
+				t.Errorf("tick %s, interrupted by %s on A, ran on %v; want once, on A", first.Format("15:04:05.000"), how, got)
+			}
+			for tick, on := range byTick {
+				if len(on) > 1 {
+					t.Errorf("tick %s ran %d times: on %v", tick.Format("15:04:05.000"), len(on), on)
+				}
+			}
+		})
+	}
+}
+
+// TestShutdownDuringLockIsNotUnavailable: a Shutdown that comes while Lock
+// waits for the nodes cuts the Lock short. AfterLockError gets an error
+// that matches ErrStopped and context.Canceled, and not
+// redlock.ErrUnavailable, which users alert on: every node is healthy (a
+// regression: the cut-short round counted its nodes as failed).
+func TestShutdownDuringLockIsNotUnavailable(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := cl.ProxiedClients(t)
+	for _, p := range proxies {
+		p.SetLatency(250 * time.Millisecond) // a round takes 500 ms
+	}
+	c, err := redlock.New(nodes, redlock.WithNodeTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockErrs := make(chan error, 4)
+	s, err := scheduler.New(c,
+		scheduler.WithLockerOptions(scheduler.WithLockTimeout(5*time.Second)),
+		scheduler.WithGocronOptions(gocron.WithGlobalJobOptions(gocron.WithEventListeners(
+			gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) { lockErrs <- err })))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}, 4)
+	if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() { ran <- struct{}{} }),
+		gocron.WithName("job")); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	// The next whole second fires the job; its Lock is then in its first
+	// round, which takes 500 ms.
+	now := time.Now()
+	time.Sleep(now.Truncate(time.Second).Add(time.Second + 150*time.Millisecond).Sub(now))
+	if err := s.Shutdown(); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	select {
+	case err := <-lockErrs:
+		if !errors.Is(err, scheduler.ErrStopped) || !errors.Is(err, context.Canceled) {
+			t.Errorf("AfterLockError: %v; want an error matching scheduler.ErrStopped and context.Canceled", err)
+		}
+		if errors.Is(err, redlock.ErrUnavailable) {
+			t.Errorf("AfterLockError: %v matches redlock.ErrUnavailable; every node is healthy", err)
+		}
+	case <-ran:
+		t.Fatal("the job ran: the Shutdown did not come during its Lock")
+	}
+}
