@@ -277,7 +277,7 @@ func TermFromContext(ctx context.Context) (term uint64, ok bool) {
 // holds the lease on a quorum; an error matching redlock.ErrUnavailable
 // when the nodes that failed leave that unknown (redlock.Client.Holder).
 func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
-	id, held, err := e.client.Holder(ctx, e.res)
+	id, held, err := e.client.HolderMetadata(ctx, e.res)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("elector %q: %w", e.name, err)
@@ -315,7 +315,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		}
 		var qerr *redlock.QuorumError
 		if errors.As(err, &qerr) {
-			if holder, ok := qerr.Holder(); ok {
+			if holder, ok := qerr.HolderMetadata(); ok {
 				span.SetAttributes(tracing.Holder.String(holder))
 				e.observe(holder)
 			}

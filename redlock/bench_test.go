@@ -21,6 +21,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		b.Cleanup(func() { closeClient(b, c) })
 		ctx := context.Background()
 		b.Run(fmt.Sprintf("nodes=%d/sequential", n), func(b *testing.B) {
 			b.ReportAllocs()

@@ -39,6 +39,7 @@ func ExampleClient_Acquire() {
 		panic(err)
 	}
 	ctx := context.Background()
+	defer locks.Close(ctx) // stops the Client's goroutines; then close the nodes
 
 	l, err := locks.Acquire(ctx, []string{"invoice:42"}, 10*time.Second)
 	if err != nil {
@@ -64,6 +65,7 @@ func ExampleClient_Do() {
 	if err != nil {
 		panic(err)
 	}
+	defer locks.Close(context.Background())
 	err = locks.Do(context.Background(), []string{"report"}, time.Second, func(ctx context.Context) error {
 		// The lock is extended every third of its TTL while this runs; ctx
 		// is cancelled if the lock is lost.

@@ -139,7 +139,7 @@ func TestFencingCountersExpire(t *testing.T) {
 	_ = l.Release(ctx)
 	waitSettled(t, c) // the fence round, like Release, returns on a quorum
 	for i, s := range cl {
-		ttl := s.Client(t).PTTL(ctx, "r:fencing").Val()
+		ttl := s.Client(t).PTTL(ctx, "r\x00fencing").Val()
 		if ttl <= 0 || ttl > 2*time.Second {
 			t.Errorf("node %d: fencing counter PTTL = %v, want the 2s retention", i, ttl)
 		}

@@ -28,48 +28,81 @@ const (
 	// DefaultFencingRetention is how long a fencing counter outlives the
 	// last fenced acquisition of its resource.
 	DefaultFencingRetention = 7 * 24 * time.Hour
+	// MaxMetadata is the largest metadata WithMetadata accepts, in bytes.
+	MaxMetadata = 1024
+	// MaxOwner is the longest owner ID WithOwner accepts, in bytes.
+	MaxOwner = 256
 )
 
 // driftConstant is the fixed part of the clock drift allowance (redis.io
 // reference implementations: 2 ms for the Redis expiry granularity).
 const driftConstant = 2 * time.Millisecond
 
-// Option configures a Client (New).
+// Option configures a Client (New). Every LockOption is an Option too: given
+// to New, it sets the default for every call of the Client.
 type Option interface{ applyClient(*config) }
 
-// AcquireOption configures one Acquire, TryAcquire or Do call.
-type AcquireOption interface{ applyAcquire(*acquireConfig) }
+// LockOption configures one Acquire, TryAcquire or Do call (and Keep, for
+// ExtendEvery); given to New, the Client's default for every call.
+type LockOption interface {
+	Option
+	applyLock(*lockConfig)
+}
+
+// AcquireOption is the former name of LockOption.
+//
+// Deprecated: use LockOption; AcquireOption will be removed in the next
+// release.
+type AcquireOption = LockOption
+
+// SharedOption is the former name of the options accepted by both New and
+// the calls, now every LockOption.
+//
+// Deprecated: use LockOption; SharedOption will be removed in the next
+// release.
+type SharedOption = LockOption
+
+// KeepOption is the former name of Keep's options.
+//
+// Deprecated: use LockOption; KeepOption will be removed in the next
+// release.
+type KeepOption = LockOption
 
 type config struct {
-	driftFactor float64
-	nodeTimeout time.Duration
-	minValidity float64
-	keyPrefix   string
-	retry       func() backoff.BackOff
-	logger      *slog.Logger
-
-	fencing          bool
+	driftFactor      float64
+	nodeTimeout      time.Duration
+	minValidity      float64
+	keyPrefix        string
+	logger           *slog.Logger
 	fencingRetention time.Duration
 	gate             time.Duration
+	noWake           bool
 
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
 	hideResources  bool
 	nodeSpans      bool
-	noWake         bool
+
+	lock lockConfig // the defaults of every call
 }
 
-type acquireConfig struct {
-	retry    func() backoff.BackOff
-	fencing  bool
-	metadata string
-	owner    string
-	ownerSet bool
+type lockConfig struct {
+	retry       func() backoff.BackOff
+	fencing     bool
+	metadata    string
+	owner       string
+	ownerSet    bool
+	extendEvery time.Duration
 }
 
 type clientOption func(*config)
 
 func (f clientOption) applyClient(c *config) { f(c) }
+
+type lockOption func(*lockConfig)
+
+func (f lockOption) applyClient(c *config)   { f(&c.lock) }
+func (f lockOption) applyLock(l *lockConfig) { f(l) }
 
 // WithDriftFactor sets the clock drift factor: the validity of a lock is
 // TTL - elapsed - (TTL x f + 2 ms) (redis.io distlock spec, "Safety
@@ -81,11 +114,11 @@ func WithDriftFactor(f float64) Option {
 
 // WithNodeTimeout bounds each node's answer in every quorum round (acquire,
 // extend, release): a node that has not answered after d counts as
-// OutcomeTimeout. The package enforces d itself, whatever the go-redis
-// client's own timeouts (redis.io distlock spec, step 2). A call that is
-// abandoned this way keeps one goroutine until the go-redis client gives up
-// (its ReadTimeout, 3 s by default; at once with ContextTimeoutEnabled).
-// Default DefaultNodeTimeout (100 ms); New rejects d <= 0.
+// OutcomeTimeout (redis.io distlock spec, step 2). The round stops waiting
+// at d whatever the go-redis client's settings; go-redis itself ends the
+// request then only with ContextTimeoutEnabled, else at its ReadTimeout (3 s
+// by default), and until then that node's later commands wait. Default
+// DefaultNodeTimeout (100 ms); New rejects d <= 0.
 func WithNodeTimeout(d time.Duration) Option {
 	return clientOption(func(c *config) { c.nodeTimeout = d })
 }
@@ -100,80 +133,40 @@ func WithMinValidity(f float64) Option {
 }
 
 // WithKeyPrefix sets a prefix prepended to every resource name to form the
-// Redis key, e.g. "lock:". Default "" (the key is the resource name).
+// Redis key, e.g. "lock:". Default "" (the key is the resource name). New
+// rejects a prefix with a NUL byte (keys.go).
 func WithKeyPrefix(p string) Option {
 	return clientOption(func(c *config) { c.keyPrefix = p })
 }
 
-// WithLogger sets the logger for background events (late replies cleaned up,
-// failed cleanups, lost locks in Do). Default: discard; nil means discard.
-// Lock values are never logged.
+// WithLogger sets the logger for background events (late grants cleaned
+// up, failed cleanups, lost locks in Do and Keep). Default: discard; nil
+// means discard. Lock values are never logged.
 func WithLogger(l *slog.Logger) Option {
 	return clientOption(func(c *config) { c.logger = l })
 }
 
-// SharedOption is an option accepted both by New (the Client's default) and
-// by Acquire, TryAcquire and Do (for that call).
-type SharedOption struct {
-	client  func(*config)
-	acquire func(*acquireConfig)
-}
-
-func (o SharedOption) applyClient(c *config)         { o.client(c) }
-func (o SharedOption) applyAcquire(a *acquireConfig) { o.acquire(a) }
-
-// WithRetry sets the retry policy of Acquire and Do: factory is called once
-// per call, so every call gets fresh state (never share one stateful
-// BackOff between goroutines). NextBackOff gives the delay before the next
-// attempt; backoff.Stop ends Acquire with the last round's error. With
-// release notices (WithReleaseNotices, the default) a delay ends early when
-// the holder releases, and is stretched to the holder's expiry (at most
-// 1 s) while every node confirms the waiter's subscription, so the policy
-// sets the pace of polling, not the wall time between attempts. The
-// policy's own clock governs its MaxElapsedTime. Default: DefaultRetry. A
-// nil factory is rejected (New, or the call).
-func WithRetry(factory func() backoff.BackOff) SharedOption {
-	return SharedOption{
-		client:  func(c *config) { c.retry = factory },
-		acquire: func(a *acquireConfig) { a.retry = factory },
-	}
-}
-
-// WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
-// numbers that strictly increase across successive holders of a resource,
-// for the protected resource to reject writes that carry an older token. It
-// costs one more quorum round per acquisition (two for a new reentrant
-// hold: the token is then noted for its re-entries; a re-entry's round
-// checks its kept token). Default off. docs/fencing.md
-// gives the design and its assumptions.
-func WithFencing(on bool) SharedOption {
-	return SharedOption{
-		client:  func(c *config) { c.fencing = on },
-		acquire: func(a *acquireConfig) { a.fencing = on },
-	}
-}
-
 // WithReleaseNotices turns waking on release on or off (default on): an
-// Acquire that lost a round subscribes, on every node, to the release
-// notices of its resources and starts its next round as soon as one is
-// released, instead of sleeping out the retry delay, which stays the
-// fallback (see wake.go). The channels are "<key>:released" (key prefix
-// included): an ACL user needs &<prefix>*:released (Redis 7 gives new
-// users no channel); a release whose PUBLISH is denied still releases.
-// Turn it off where the nodes refuse SUBSCRIBE (ACLs, proxies without
-// pub/sub): this Client's releases then publish nothing either. While an
-// Acquire waits, the Client keeps one PubSub connection and two goroutines
-// per node; they end when no Acquire waits any more (on a stopped node, once the dial or command in progress
-// there returns: go-redis's dial and read timeouts bound it).
+// Acquire that a holder refused on a quorum subscribes, on every node, to
+// the release notices of its resources and starts its next round as soon as
+// the holder releases, instead of polling with its retry delay (wake.go).
+// The channels are "<key>:released": an ACL user needs
+// &<prefix>*:released (Redis 7 gives new users no channel); a release
+// whose PUBLISH is denied still releases. Turn it off where the nodes refuse
+// SUBSCRIBE (ACLs, proxies without pub/sub): this Client's releases then
+// publish nothing either. While an Acquire waits, the Client keeps one
+// PubSub connection and two goroutines per node; they end when no Acquire
+// waits any more, and at Close.
 func WithReleaseNotices(on bool) Option {
 	return clientOption(func(c *config) { c.noWake = !on })
 }
 
 // WithFencingRetention sets how long a resource's fencing counter is kept
 // after its last fenced acquisition (the counter keys' TTL, refreshed by
-// every fenced acquisition). Tokens stay monotonic while successive fenced
-// acquisitions of a resource are less than this apart. Default
-// DefaultFencingRetention (7 days); New rejects values below 1 s.
+// every fenced acquisition). Tokens also rise with the nodes' clocks, so
+// they stay monotonic after a counter expired as long as those clocks do
+// (docs/fencing.md). Default DefaultFencingRetention (7 days); New rejects
+// values below 1 s.
 func WithFencingRetention(d time.Duration) Option {
 	return clientOption(func(c *config) { c.fencingRetention = d })
 }
@@ -189,45 +182,64 @@ func WithFencingRetention(d time.Duration) Option {
 // an RDB snapshot restores a stale marker and defeats the gate: use AOF, or
 // no persistence at all.
 //
-// maxTTL must be at least every TTL used with this Client (longer TTLs are
-// rejected). On a brand-new node the first acquisitions also wait maxTTL.
-// Gated nodes show OutcomeGated. Default 0: off. New rejects negative values.
+// Every TTL used with this Client, in Acquire, TryAcquire, Do and Extend,
+// must be at most maxTTL (longer ones are rejected). On a brand-new node
+// the first acquisitions also wait maxTTL. Gated nodes show OutcomeGated.
+// Default 0: off. New rejects negative values and values below 1 ms.
 func WithRestartGating(maxTTL time.Duration) Option {
 	return clientOption(func(c *config) { c.gate = maxTTL })
 }
 
-// MaxMetadata is the largest metadata WithMetadata accepts, in bytes.
-const MaxMetadata = 1024
+// WithRetry sets the retry policy of Acquire and Do: factory is called once
+// per call, so every call gets fresh state (never share one stateful
+// BackOff between goroutines). NextBackOff gives the delay before the next
+// attempt; backoff.Stop ends Acquire with the last round's error. When a
+// quorum of nodes reports one holder and release notices are on, the wait
+// ends as soon as that holder releases, and lasts at most until its key
+// expires (at most 1 s) rather than the policy's delay. Default:
+// DefaultRetry. A nil factory, or one that returns nil, is an error
+// (ErrInvalidArgument, from New or the call).
+func WithRetry(factory func() backoff.BackOff) LockOption {
+	return lockOption(func(l *lockConfig) { l.retry = factory })
+}
+
+// WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
+// numbers that strictly increase across successive holders of a resource,
+// for the protected resource to reject writes that carry an older token. It
+// costs one more quorum round per acquisition (fencing.go). Default off.
+// docs/fencing.md gives the design and its assumptions.
+func WithFencing(on bool) LockOption {
+	return lockOption(func(l *lockConfig) { l.fencing = on })
+}
 
 // WithMetadata stores m beside the lock's owner token in every key of the
 // lock, written atomically with it: other clients see it as the holder's
-// metadata (NodeResult.Holder in a refused round, Client.Holder), e.g. an
-// identity or a trace context. It must not hold secrets. Default "";
-// at most MaxMetadata bytes.
-func WithMetadata(m string) AcquireOption {
-	return acquireOption(func(a *acquireConfig) { a.metadata = m })
+// metadata (NodeResult.Holder in a refused round, Client.HolderMetadata),
+// e.g. an identity. It must not hold secrets. Default ""; at most
+// MaxMetadata bytes.
+func WithMetadata(m string) LockOption {
+	return lockOption(func(l *lockConfig) { l.metadata = m })
 }
 
-// MaxOwner is the longest owner ID WithOwner accepts, in bytes.
-const MaxOwner = 256
-
-// WithOwner makes the lock reentrant for owner: an acquisition by the same
-// owner of resources that owner already holds succeeds at once (one quorum
-// round) and adds a hold, counted on every node in the same script as the
-// acquisition; each Lock's Release removes its own hold, and the keys are
-// deleted when the last hold is released. TTLs are refreshed on reentry
-// and never lowered; the fencing token stays the same on reentry. Another
-// owner is refused as usual. Holds are keyed by an acquisition ID, so a
-// retried script never counts twice. Go has no goroutine identity: owner is
-// yours to choose (a job ID, a request ID), non-empty and at most MaxOwner
-// bytes; whoever knows it shares the lock. Default: not reentrant.
-func WithOwner(owner string) AcquireOption {
-	return acquireOption(func(a *acquireConfig) { a.owner, a.ownerSet = owner, true })
+// WithOwner makes the lock reentrant for owner (reentrant.go): an
+// acquisition by the same owner of resources that owner already holds
+// succeeds at once (one quorum round) and adds a hold; each Lock's Release
+// removes its own hold, and the keys are deleted when the last hold is
+// released. TTLs are refreshed on reentry and never lowered; the fencing
+// token stays the same on reentry. Another owner is refused as usual. Go
+// has no goroutine identity: owner is yours to choose (a job ID, a request
+// ID), non-empty and at most MaxOwner bytes; whoever knows it shares the
+// lock. Default: not reentrant.
+func WithOwner(owner string) LockOption {
+	return lockOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
 }
 
-type acquireOption func(*acquireConfig)
-
-func (f acquireOption) applyAcquire(a *acquireConfig) { f(a) }
+// ExtendEvery sets, for Do and Keep, the time from one successful extension
+// to the next. Default TTL/3; values above 0.8 x TTL are lowered to 0.8 x
+// TTL; zero or negative values mean the default.
+func ExtendEvery(d time.Duration) LockOption {
+	return lockOption(func(l *lockConfig) { l.extendEvery = d })
+}
 
 // DefaultRetry returns a fresh instance of the default retry policy:
 // exponential backoff from 25 ms, doubling up to 1 s between attempts, with

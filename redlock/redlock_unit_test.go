@@ -61,7 +61,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"zero node timeout", []redis.UniversalClient{a}, []redlock.Option{redlock.WithNodeTimeout(0)}, "node timeout 0s"},
 		{"min validity 1", []redis.UniversalClient{a}, []redlock.Option{redlock.WithMinValidity(1)}, "minimum validity 1"},
 		{"nil retry", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRetry(nil)}, "nil retry policy"},
-		{"nil option", []redis.UniversalClient{a}, []redlock.Option{nil}, "nil Option"},
+		{"nil option", []redis.UniversalClient{a}, []redlock.Option{nil}, "option 0 is nil"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,10 +78,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 func TestAcquireRejectsBadInput(t *testing.T) {
 	_, nodes := miniNodes(t, 1)
-	c, err := redlock.New(nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, nodes)
 	tests := []struct {
 		name      string
 		resources []string
@@ -135,10 +132,7 @@ func TestNilLockIsAnErrorNotAPanic(t *testing.T) {
 
 func TestReleaseTwice(t *testing.T) {
 	_, nodes := miniNodes(t, 3)
-	c, err := redlock.New(nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, nodes)
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, []string{"r"}, time.Second)
 	if err != nil {
@@ -157,10 +151,7 @@ func TestReleaseTwice(t *testing.T) {
 
 func TestMultiResourceIsAllOrNothing(t *testing.T) {
 	ms, nodes := miniNodes(t, 3)
-	c, err := redlock.New(nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, nodes)
 	ctx := context.Background()
 	held, err := c.TryAcquire(ctx, []string{"b"}, time.Second)
 	if err != nil {
@@ -208,10 +199,7 @@ func TestMultiResourceIsAllOrNothing(t *testing.T) {
 
 func TestKeyPrefix(t *testing.T) {
 	ms, nodes := miniNodes(t, 1)
-	c, err := redlock.New(nodes, redlock.WithKeyPrefix("lock:"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, nodes, redlock.WithKeyPrefix("lock:"))
 	l, err := c.TryAcquire(context.Background(), []string{"job"}, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -227,17 +215,14 @@ func TestKeyPrefix(t *testing.T) {
 
 func TestQuorumIsOfConfiguredNodes(t *testing.T) {
 	ms, nodes := miniNodes(t, 5)
-	c, err := redlock.New(nodes, redlock.WithNodeTimeout(200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, nodes, redlock.WithNodeTimeout(200*time.Millisecond))
 	if c.Quorum() != 3 || c.Nodes() != 5 {
 		t.Fatalf("Quorum(), Nodes() = %d, %d; want 3, 5", c.Quorum(), c.Nodes())
 	}
 	ms[0].Close()
 	ms[1].Close()
 	ms[2].Close()
-	_, err = c.TryAcquire(context.Background(), []string{"r"}, time.Second)
+	_, err := c.TryAcquire(context.Background(), []string{"r"}, time.Second)
 	var qerr *redlock.QuorumError
 	if !errors.As(err, &qerr) || !errors.Is(err, redlock.ErrUnavailable) || !errors.Is(err, redlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire with 3 of 5 down = %v; want *QuorumError matching ErrUnavailable and ErrNotAcquired", err)
@@ -245,6 +230,7 @@ func TestQuorumIsOfConfiguredNodes(t *testing.T) {
 	if got := qerr.Count(redlock.OutcomeOK); got != 2 {
 		t.Errorf("ok outcomes = %d, want 2 (the two live nodes)", got)
 	}
+	waitSettled(t, c) // the undo does not wait
 	for _, m := range ms[3:] {
 		if keys := m.Keys(); len(keys) != 0 {
 			t.Errorf("live node keeps %q after a failed attempt, want none", keys)

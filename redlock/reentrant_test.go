@@ -55,7 +55,7 @@ func TestReentrantHoldsCount(t *testing.T) {
 	waitSettled(t, c)
 	for i, keys := range cl.Keys(t) {
 		for _, k := range keys {
-			if k != "r:fencing" {
+			if k != "r\x00fencing" {
 				t.Errorf("node %d keeps %q after every hold was released", i, k)
 			}
 		}
@@ -117,11 +117,11 @@ func TestReentrantFencedGatedLock(t *testing.T) {
 	}
 	for i, s := range cl {
 		for _, k := range s.Keys(t) {
-			if k == "redlock:restart-gate" {
+			if k == "\x00restart-gate" {
 				continue
 			}
 			switch k {
-			case "a", "a:holds", "a:fencing", "arm:fencing":
+			case "a", "a\x00holds", "a\x00fencing", "arm\x00fencing":
 			default:
 				t.Errorf("node %d has unexpected key %q", i, k)
 			}
@@ -148,7 +148,7 @@ func TestStaleReentrantHoldGetsANewToken(t *testing.T) {
 	// Node 2's copy of a1's hold, put back after its release: a release
 	// that did not reach node 2 (or ran there out of order).
 	stale := map[string]string{}
-	for _, k := range []string{"r", "r:holds"} {
+	for _, k := range []string{"r", "r\x00holds"} {
 		v, err := nodes[2].Dump(ctx, k).Result()
 		if err != nil {
 			t.Fatalf("DUMP %s on node 2: %v", k, err)
@@ -196,7 +196,7 @@ func TestNestedHoldKeepsItsTokenWithAStoppedNode(t *testing.T) {
 	cl, nodes, c, a, a1 := fencedHold(t)
 	ctx := context.Background()
 	// Node 0 loses the hold (its fencing counter stays); node 1 stops.
-	if err := nodes[0].Del(ctx, "r", "r:holds").Err(); err != nil {
+	if err := nodes[0].Del(ctx, "r", "r\x00holds").Err(); err != nil {
 		t.Fatal(err)
 	}
 	cl[1].Stop(t)
@@ -224,7 +224,7 @@ func TestNestedHoldKeepsItsTokenWithAStoppedNode(t *testing.T) {
 func TestFailedFenceLeavesNoToken(t *testing.T) {
 	cl, nodes, c, a, a1 := fencedHold(t)
 	ctx := context.Background()
-	failing := newRejectHook(func(a []any) bool { return len(a) > 3 && a[3] == "r:fencing" }, errors.New("injected failure"))
+	failing := newRejectHook(func(a []any) bool { return len(a) > 3 && a[3] == "r\x00fencing" }, errors.New("injected failure"))
 	failing.on.Store(false)
 	for _, rdb := range nodes[1:] {
 		rdb.(*redis.Client).AddHook(failing)
@@ -233,7 +233,7 @@ func TestFailedFenceLeavesNoToken(t *testing.T) {
 	// every quorum then sees one) make A's next acquisition a new hold,
 	// whose record round fails on nodes 1 and 2.
 	for _, rdb := range nodes[:2] {
-		if err := rdb.Set(ctx, "r:fencing", 5, time.Minute).Err(); err != nil {
+		if err := rdb.Set(ctx, "r\x00fencing", a1.FencingToken()+5, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,7 +253,7 @@ func TestFailedFenceLeavesNoToken(t *testing.T) {
 	}
 	recorded := 0
 	for _, rdb := range nodes {
-		if n, _ := rdb.Get(ctx, "r:fencing").Uint64(); n >= a3.FencingToken() {
+		if n, _ := rdb.Get(ctx, "r\x00fencing").Uint64(); n >= a3.FencingToken() {
 			recorded++
 		}
 	}
@@ -292,12 +292,13 @@ func fencedHold(t *testing.T, opts ...redlock.Option) (redlocktest.Cluster, []re
 // after P's 2. The check round sees P's counters and makes it a new hold.
 func TestReentryCheckedAfterItsGrants(t *testing.T) {
 	// A generous node timeout: node 2's answer waits for node 0's.
-	cl, nodes, c, a, _ := fencedHold(t, redlock.WithNodeTimeout(2*time.Second))
+	cl, nodes, c, a, a1 := fencedHold(t, redlock.WithNodeTimeout(2*time.Second))
+	p := a1.FencingToken() + 1 // P's token
 	ctx := context.Background()
 	direct := cl.Clients(t)
 	// The owner's hold stays on node 0 only; P holds r on node 1.
 	for _, rdb := range direct[1:] {
-		if err := rdb.Del(ctx, "r", "r:holds").Err(); err != nil {
+		if err := rdb.Del(ctx, "r", "r\x00holds").Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -315,8 +316,8 @@ func TestReentryCheckedAfterItsGrants(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Error("node 0 never answered the re-entry")
 			}
-			for _, rdb := range direct[:2] { // P records token 2
-				if err := rdb.Set(ctx, "r:fencing", 2, time.Minute).Err(); err != nil {
+			for _, rdb := range direct[:2] { // P records its token
+				if err := rdb.Set(ctx, "r\x00fencing", p, time.Minute).Err(); err != nil {
 					t.Error(err)
 				}
 			}
@@ -326,8 +327,8 @@ func TestReentryCheckedAfterItsGrants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a2.FencingToken() <= 2 {
-		t.Errorf("re-entry's token %d after P's 2 (recorded on nodes 0 and 1 during the round): want it larger", a2.FencingToken())
+	if a2.FencingToken() <= p {
+		t.Errorf("re-entry's token %d after P's %d (recorded on nodes 0 and 1 during the round): want it larger", a2.FencingToken(), p)
 	}
 }
 
@@ -388,7 +389,7 @@ func (h beforeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func TestUncheckedReentryFails(t *testing.T) {
 	_, nodes, c, a, a1 := fencedHold(t)
 	ctx := context.Background()
-	failing := newRejectHook(func(a []any) bool { return len(a) > 3 && a[3] == "r:fencing" }, errors.New("injected failure"))
+	failing := newRejectHook(func(a []any) bool { return len(a) > 3 && a[3] == "r\x00fencing" }, errors.New("injected failure"))
 	for _, rdb := range nodes[1:] {
 		rdb.(*redis.Client).AddHook(failing)
 	}

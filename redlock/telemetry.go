@@ -129,7 +129,7 @@ func endOp(span trace.Span, err error) {
 		span.End()
 		return
 	}
-	outcome, errType := classify(err)
+	outcome, errType := classifyErr(err)
 	span.SetAttributes(tracing.Outcome.String(outcome))
 	if errType != "" {
 		span.SetAttributes(semconv.ErrorTypeKey.String(errType))
@@ -138,9 +138,9 @@ func endOp(span trace.Span, err error) {
 	span.End()
 }
 
-// classify maps an operation's error to an outcome and, for real failures,
-// an error.type.
-func classify(err error) (outcome, errType string) {
+// classifyErr maps an operation's error to an outcome and, for real
+// failures, an error.type.
+func classifyErr(err error) (outcome, errType string) {
 	switch {
 	case err == nil:
 		return tracing.OutcomeGranted, ""
@@ -154,12 +154,46 @@ func classify(err error) (outcome, errType string) {
 		return tracing.OutcomeLost, tracing.ErrorTypeLockLost
 	case errors.Is(err, ErrNotAcquired):
 		var qerr *QuorumError
-		if errors.As(err, &qerr) && qerr.Validity != 0 {
+		if errors.As(err, &qerr) && qerr.validity != 0 {
 			return tracing.OutcomeWeak, ""
 		}
 		return tracing.OutcomeContended, ""
 	}
 	return "error", tracing.ErrorTypeOther
+}
+
+// endAcquire records an Acquire or TryAcquire call's outcome on its span
+// and metrics.
+func (t *telemetry) endAcquire(ctx context.Context, span trace.Span, start time.Time, attempts int, l *Lock, err error) {
+	outcome, _ := classifyErr(err)
+	if t.acquireDur.Enabled(ctx) {
+		t.acquireDur.Record(ctx, time.Since(start).Seconds(), outcomeAttrs(outcome))
+	}
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Attempts.Int(attempts))
+		if err == nil && l.cfg.fencing {
+			span.SetAttributes(tracing.FencingToken.Int64(int64(l.FencingToken())))
+		}
+	}
+	endOp(span, err)
+}
+
+// endExtend records an Extend call's outcome.
+func (t *telemetry) endExtend(ctx context.Context, span trace.Span, err error) {
+	if err != nil {
+		t.extendFailed.Add(ctx, 1)
+	}
+	endOp(span, err)
+}
+
+// holdEnded records the end of a hold that lasted d; lost says that the
+// lock was lost rather than released.
+func (t *telemetry) holdEnded(ctx context.Context, d time.Duration, lost bool) {
+	t.held.Add(ctx, -1)
+	t.holdDur.Record(ctx, d.Seconds())
+	if lost {
+		t.lost.Add(ctx, 1)
+	}
 }
 
 // startRound starts a round span as a child of ctx's span. Under a span
@@ -185,9 +219,20 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 
 // endRound records a round's votes, per-node detail, links to the holders
 // that refused it, and its duration, then ends its span.
-func (t *telemetry) endRound(ctx context.Context, span trace.Span, op string, rs []NodeResult, quorum int, took time.Duration, outcome string) {
+func (t *telemetry) endRound(ctx context.Context, span trace.Span, spec roundSpec, rs []NodeResult, quorum int, took time.Duration, c *Client) {
+	op := spec.op
+	outcome := roundOutcome(op, rs, quorum)
+	if op == "acquire" && outcome == tracing.OutcomeGranted {
+		validity := c.validity(time.Now().Add(-took), spec.ttl)
+		if span.IsRecording() {
+			span.SetAttributes(tracing.ValidityMillis.Float64(float64(validity.Microseconds()) / 1000))
+		}
+		if validity <= 0 || validity < time.Duration(float64(spec.ttl)*c.cfg.minValidity) {
+			outcome = tracing.OutcomeWeak
+		}
+	}
 	for _, r := range rs {
-		if (r.Outcome == OutcomeError || r.Outcome == OutcomeTimeout) && t.nodeErrors.Enabled(ctx) {
+		if r.failed() && r.Outcome != OutcomeGated && t.nodeErrors.Enabled(ctx) {
 			host, port := splitAddr(r.Addr)
 			t.nodeErrors.Add(ctx, 1, metric.WithAttributes(semconv.ServerAddressKey.String(host),
 				semconv.ServerPortKey.Int(port), tracing.Outcome.String(r.Outcome.String())))
@@ -308,7 +353,7 @@ func roundOutcome(op string, rs []NodeResult, quorum int) string {
 }
 
 // nodeSpan starts a CLIENT span for one node call, when enabled.
-func (t *telemetry) nodeSpan(ctx context.Context, n *node, op string) (context.Context, trace.Span) {
+func (t *telemetry) nodeSpan(ctx context.Context, n *peer, op string) (context.Context, trace.Span) {
 	if !t.nodeSpans {
 		return ctx, nil
 	}
@@ -335,8 +380,9 @@ func splitAddr(addr string) (host string, port int) {
 	return h, port
 }
 
-// traceparent returns the W3C traceparent of sc, or "" if sc is not valid.
-func traceparent(sc trace.SpanContext) string {
+// traceparentOf returns the W3C traceparent of ctx's span, or "".
+func traceparentOf(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
 	if !sc.IsValid() {
 		return ""
 	}
@@ -364,5 +410,14 @@ func parseTraceparent(s string) (trace.SpanContext, bool) {
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, Remote: true}), true
 }
 
-// traceparentLen is the length of a version-00 traceparent.
-const traceparentLen = 55
+// failures returns the number of results that count as failures of their
+// nodes.
+func failures(rs []NodeResult) int {
+	n := 0
+	for _, r := range rs {
+		if r.failed() {
+			n++
+		}
+	}
+	return n
+}

@@ -2,6 +2,8 @@ package redlock
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"sync"
@@ -10,62 +12,49 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Wake on release. A contended Acquire does not only sleep out its retry
-// delay: the release script publishes a notice on "<key>:released" on every
-// node where it deletes the key and a waiter marked it (see releaseScript:
-// the acquire script of an Acquire marks the key that refuses it), and an
-// Acquire that lost a round waits for whichever comes first, its retry
-// delay or a notice for one of its keys. The delay stays the fallback for what
-// publishes nothing (a key that expires, a lost notice, a node whose
-// subscription is down, a release of a key no waiter's round has met and
-// marked yet), so waking changes no outcome, only when the next round
-// starts. (Redisson does the same for its single-node locks.)
+// Wake on release (WithReleaseNotices). An Acquire that a holder refused
+// marks the holder's key (scripts/acquire.lua), and the holder's Release
+// then publishes a notice on "<key>:released" on every node where it
+// deletes the key. The waiting Acquire subscribes to those channels and
+// starts its next round when notices of one release have come from a
+// quorum of nodes, instead of sleeping out its retry delay, which stays the
+// fallback for what publishes nothing (a key that expires, a lost notice).
+// Waking changes no outcome, only when the next round starts. Each release
+// wakes one sleeping Acquire of this Client, first come first woken, so
+// that waiters in one process do not split the nodes' votes between them.
 //
-// One waker per Client holds the keys its Acquire calls wait for. While at
-// least one key is wanted, each node has a subscriber: one goroutine that
-// applies (UN)SUBSCRIBE and one that receives, on a PubSub connection of
-// that node's client; they stop as soon as no Acquire waits any more, so a
-// Client still starts nothing while it is not contended. A node that is
-// down or stopped only delays its own subscriber; the receiving goroutine
-// retries every wakeRetry, go-redis re-subscribing on the new connection.
+// Only a quorum that reports one holder makes a waiter rely on notices:
+// its delay is then stretched to that holder's expiry (at most
+// maxNoticeWait) while every node has confirmed the subscription. After a
+// split vote (contenders that each won a minority, and undo their partial
+// grants without a notice) the retry delay alone paces the next round.
 //
-// A Release reaches a waiter once per node, each notice carrying an ID of
-// the released lock. The key counts as released once notices of one lock
-// have come from a quorum of nodes: before that, a round would find the key
-// still held on the others, lose and sleep. Each such release wakes one
-// sleeping Acquire of this Client (first come, first woken), so that
-// waiters in one process do not all race for the lock and split the nodes'
-// votes; an Acquire whose round was running when the release came starts
-// its next round at once instead of sleeping. Undo rounds publish nothing:
-// the partial grants of a split vote are cleaned up on some nodes only, and
-// counting them woke waiters for locks still held elsewhere; after a split
-// vote the retry delays take over.
+// While some Acquire waits, each node has a subscriber: one goroutine that
+// applies (UN)SUBSCRIBE and one that receives on a PubSub connection of the
+// node's client; they end when no Acquire waits any more, and at Close.
 
-// recentReleases is how many released locks per key are remembered, to
-// count the notices of one release from several nodes.
-const recentReleases = 4
-
-// releasedSuffix turns a lock key into the channel of its release notices.
-const releasedSuffix = ":released"
-
-// maxNoticeWait bounds how long a waiter relies on release notices alone
-// (see sleep): the longest a lost notice can delay it.
-const maxNoticeWait = time.Second
-
-// wakeRetry is the pause of a node's subscriber after a failed receive
-// (node down, connection lost), before go-redis reconnects; it doubles
-// with each failure in a row, up to maxWakeRetry, so that a dead node is
-// not dialled ten times a second.
 const (
+	// recentReleases is how many released locks per key are remembered,
+	// to count the notices of one release from several nodes.
+	recentReleases = 4
+	// maxNoticeWait bounds how long a waiter relies on notices alone: the
+	// longest a lost notice can delay it.
+	maxNoticeWait = time.Second
+	// wakeRetry is a subscriber's pause after a failed receive (node down,
+	// connection lost); it doubles with each failure in a row, up to
+	// maxWakeRetry.
 	wakeRetry    = 100 * time.Millisecond
 	maxWakeRetry = 2 * time.Second
 )
 
 type waker struct {
-	c     *Client
-	mu    sync.Mutex
-	keys  map[string]*keyWatch // by channel
-	nodes []*nodeSub           // per node; nil when not running
+	c    *Client
+	off  bool
+	mu   sync.Mutex
+	keys map[string]*keyWatch // by channel
+	subs []*subscriber        // per node; nil when not running
+	wg   sync.WaitGroup       // the subscribers' goroutines
+	done bool                 // closed: start no subscriber
 }
 
 // keyWatch is the state of one wanted channel.
@@ -85,26 +74,142 @@ type releaseSeen struct {
 	fired bool // a quorum has been seen; later copies are ignored
 }
 
-// nodeSub subscribes one node's client to the wanted channels.
-type nodeSub struct {
+// subscriber keeps one node's subscriptions equal to the wanted channels.
+type subscriber struct {
 	kick chan struct{} // 1-buffered: the wanted channels changed
+	stop chan struct{} // closed by close
 }
 
-// watch registers an Acquire waiting for channels and returns the function
-// that unregisters it. The first registration of a channel starts or kicks
-// every node's subscriber.
-func (w *waker) watch(channels []string) (unwatch func()) {
+func newWaker(c *Client) *waker {
+	return &waker{c: c, off: c.cfg.noWake, keys: map[string]*keyWatch{}, subs: make([]*subscriber, len(c.peers))}
+}
+
+// noticeID returns the payload of a release notice of value, the same on
+// every node, which says nothing about the owner token; "" with notices
+// off (the release then publishes nothing).
+func (w *waker) noticeID(value string) string {
+	if w.off {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(value))
+	return hex.EncodeToString(sum[:8])
+}
+
+// waiter is one Acquire's use of release notices.
+type waiter struct {
+	w        *waker
+	l        *Lock
+	channels []string // nil until it watches
+	gen      uint64   // releases seen before the current attempt
+}
+
+func (w *waker) waiter(l *Lock) *waiter { return &waiter{w: w, l: l} }
+
+// beforeAttempt records the releases seen so far, so that sleep returns at
+// once for a release that came during the attempt.
+func (wt *waiter) beforeAttempt() {
+	if wt.channels != nil {
+		wt.gen = wt.w.gen(wt.channels)
+	}
+}
+
+// sleep waits after a failed attempt q: d, or until a release of the keys
+// wakes it, or until ctx ends. It starts watching the keys the first time a
+// holder refused.
+func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
+	w := wt.w
+	if !w.off && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
+		wt.channels = make([]string, wt.l.n)
+		for i, k := range wt.l.keys[:wt.l.n] {
+			wt.channels[i] = k + releasedSuffix
+		}
+		w.watch(wt.channels)
+	}
+	if wt.channels == nil {
+		sleep(ctx, d, nil)
+		return
+	}
+	wake := make(chan struct{}, 1)
+	w.mu.Lock()
+	var g uint64
+	confirmed := true
+	for _, ch := range wt.channels {
+		kw := w.keys[ch]
+		g += kw.gen
+		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.peers)
+		kw.sleepers = append(kw.sleepers, wake)
+	}
+	if g != wt.gen {
+		d = 0 // a release came during the attempt
+	} else if expires, ok := oneHolder(q); ok && confirmed {
+		d = max(d, min(expires+driftConstant, maxNoticeWait))
+	}
+	w.mu.Unlock()
+	sleep(ctx, d, wake)
+	w.mu.Lock()
+	for _, ch := range wt.channels {
+		kw := w.keys[ch]
+		if i := slices.Index(kw.sleepers, wake); i >= 0 {
+			kw.sleepers = slices.Delete(kw.sleepers, i, i+1)
+		}
+	}
+	w.mu.Unlock()
+}
+
+// stop ends the waiter's watch.
+func (wt *waiter) stop() {
+	if wt.channels != nil {
+		wt.w.unwatch(wt.channels)
+	}
+}
+
+// sleep waits d, or until wake or ctx.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-ctx.Done():
+	}
+}
+
+// oneHolder returns the shortest TTL left of the holder's key when a quorum
+// of q's nodes refused for one lock (the same value): a holder to wait for.
+func oneHolder(q *QuorumError) (expires time.Duration, ok bool) {
+	votes := map[string]int{}
+	for _, r := range q.Nodes {
+		if r.Outcome == OutcomeHeld && r.value != "" {
+			votes[r.value]++
+		}
+	}
+	for v, n := range votes {
+		if n < q.Quorum {
+			continue
+		}
+		for _, r := range q.Nodes {
+			if r.value == v && r.expires > 0 && (expires == 0 || r.expires < expires) {
+				expires = r.expires
+			}
+		}
+		return expires, expires > 0
+	}
+	return 0, false
+}
+
+// watch registers an Acquire waiting for channels; the first registration
+// of a channel starts or kicks every node's subscriber.
+func (w *waker) watch(channels []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.keys == nil {
-		w.keys = make(map[string]*keyWatch)
-		w.nodes = make([]*nodeSub, len(w.c.nodes))
-	}
 	added := false
 	for _, ch := range channels {
 		kw := w.keys[ch]
 		if kw == nil {
-			kw = &keyWatch{}
+			kw = &keyWatch{confirmed: make([]bool, len(w.c.peers))}
 			w.keys[ch] = kw
 			added = true
 		}
@@ -113,45 +218,60 @@ func (w *waker) watch(channels []string) (unwatch func()) {
 	if added {
 		w.kickLocked()
 	}
-	return func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		removed := false
-		for _, ch := range channels {
-			if kw := w.keys[ch]; kw != nil {
-				if kw.refs--; kw.refs == 0 {
-					delete(w.keys, ch)
-					removed = true
-				}
+}
+
+// unwatch undoes watch.
+func (w *waker) unwatch(channels []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	removed := false
+	for _, ch := range channels {
+		if kw := w.keys[ch]; kw != nil {
+			if kw.refs--; kw.refs == 0 {
+				delete(w.keys, ch)
+				removed = true
 			}
 		}
-		if removed {
-			w.kickLocked()
-		}
+	}
+	if removed {
+		w.kickLocked()
 	}
 }
 
 // kickLocked tells every node's subscriber that the wanted channels
-// changed, starting those that are not running. w.mu must be held.
+// changed, starting those that are not running. w.mu is held.
 func (w *waker) kickLocked() {
-	for i := range w.nodes {
-		if w.nodes[i] == nil {
-			if len(w.keys) == 0 {
+	for i, p := range w.c.peers {
+		if w.subs[i] == nil {
+			if len(w.keys) == 0 || w.done {
 				continue
 			}
-			s := &nodeSub{kick: make(chan struct{}, 1)}
-			w.nodes[i] = s
-			go w.subscribe(&w.c.nodes[i], s)
+			s := &subscriber{kick: make(chan struct{}, 1), stop: make(chan struct{})}
+			w.subs[i] = s
+			w.wg.Go(func() { w.subscribe(p, s) })
 		}
 		select {
-		case w.nodes[i].kick <- struct{}{}:
+		case w.subs[i].kick <- struct{}{}:
 		default:
 		}
 	}
 }
 
-// gen returns the number of releases seen so far on channels (0 for those
-// no Acquire waits for).
+// close stops every subscriber and waits for their goroutines.
+func (w *waker) close() {
+	w.mu.Lock()
+	w.done = true
+	for i, s := range w.subs {
+		if s != nil {
+			close(s.stop)
+			w.subs[i] = nil
+		}
+	}
+	w.mu.Unlock()
+	w.wg.Wait()
+}
+
+// gen returns the number of releases seen so far on channels.
 func (w *waker) gen(channels []string) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -164,88 +284,23 @@ func (w *waker) gen(channels []string) uint64 {
 	return g
 }
 
-// sleep waits until d has passed, a release on channels wakes this caller,
-// or ctx ends; it returns at once when a release came after gen was read
-// (the caller's round may have missed it). The caller must be watching
-// channels.
-//
-// While every node has confirmed the subscription to every channel, a
-// release will wake the caller, so the retry delay only stands in for what
-// publishes nothing: the holder's key expiring (expires from now, 0 when
-// unknown), a lost notice, or a release of a key that none of the caller's
-// rounds met (so not marked: acquireScript). The delay is then stretched to
-// that expiry, at most maxNoticeWait: a waiter that lost its round does not
-// poll a lock that is held for a while (Redisson waits the same way). Every node, not a
-// quorum: a lock held on a bare quorum whose node then dies is released on
-// fewer than a quorum of nodes, and its notices never wake anyone; the dead
-// node's subscription fails too, and the waiter polls again.
-func (w *waker) sleep(ctx context.Context, channels []string, gen uint64, d, expires time.Duration) {
-	wake := make(chan struct{}, 1)
-	w.mu.Lock()
-	var g uint64
-	confirmed := true
-	for _, ch := range channels {
-		kw := w.keys[ch]
-		g += kw.gen
-		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.nodes)
-	}
-	if g != gen {
-		w.mu.Unlock()
+// released records a Release of this Client confirmed by a quorum: its
+// waiters need not wait for the notices, whose copies are then ignored.
+func (w *waker) released(lockKeys []string, id string) {
+	if w.off {
 		return
 	}
-	if confirmed && expires > 0 {
-		d = max(d, min(expires+driftConstant, maxNoticeWait))
-	}
-	for _, ch := range channels {
-		kw := w.keys[ch]
-		kw.sleepers = append(kw.sleepers, wake)
-	}
-	w.mu.Unlock()
-	t := time.NewTimer(d)
-	select {
-	case <-t.C:
-	case <-wake:
-	case <-ctx.Done():
-	}
-	t.Stop()
-	w.mu.Lock()
-	for _, ch := range channels {
-		kw := w.keys[ch]
-		if i := slices.Index(kw.sleepers, wake); i >= 0 {
-			kw.sleepers = slices.Delete(kw.sleepers, i, i+1)
-		}
-	}
-	w.mu.Unlock()
-}
-
-// notify handles a release notice from node i for the lock id: once a
-// quorum of nodes have sent it, the key counts as released and the
-// longest-sleeping Acquire waiting for the channel wakes.
-func (w *waker) notify(i int, channel, id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if kw := w.keys[channel]; kw != nil {
-		kw.seen(id, i, w.c)
-	}
-}
-
-// released handles a Release of this Client confirmed by a quorum: its
-// waiters need not wait for the notices, whose copies are then ignored.
-func (w *waker) released(l *Lock, id string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.keys) == 0 {
-		return // nobody waits: no allocation on the uncontended path
-	}
-	for _, ch := range l.releaseChannels() {
-		if kw := w.keys[ch]; kw != nil {
+	for _, k := range lockKeys {
+		if kw := w.keys[k+releasedSuffix]; kw != nil {
 			kw.seen(id, -1, w.c)
 		}
 	}
 }
 
 // seen records that node i (-1: a quorum at once) released lock id, and
-// wakes the longest-sleeping Acquire when this makes a quorum. w.mu must be
+// wakes the longest-sleeping Acquire when this makes a quorum. w.mu is
 // held.
 func (kw *keyWatch) seen(id string, i int, c *Client) {
 	var r *releaseSeen
@@ -257,14 +312,10 @@ func (kw *keyWatch) seen(id string, i int, c *Client) {
 	if r == nil {
 		r = &kw.recent[kw.next]
 		kw.next = (kw.next + 1) % len(kw.recent)
-		*r = releaseSeen{id: id, nodes: make([]bool, len(c.nodes))}
+		*r = releaseSeen{id: id, nodes: make([]bool, len(c.peers))}
 	}
-	if i < 0 {
-		for j := range r.nodes {
-			r.nodes[j] = true
-		}
-	} else {
-		r.nodes[i] = true
+	for j := range r.nodes {
+		r.nodes[j] = r.nodes[j] || i < 0 || j == i
 	}
 	if r.fired || countTrue(r.nodes) < c.quorum {
 		return
@@ -281,19 +332,26 @@ func (kw *keyWatch) seen(id string, i int, c *Client) {
 	}
 }
 
-// subscribe keeps n's subscriptions equal to the wanted channels until none
-// is wanted. It runs in its own goroutine, started by kickLocked, with a
-// second one that receives (all I/O, even the first dial, happens here:
-// never in an Acquire).
-func (w *waker) subscribe(n *node, s *nodeSub) {
+// subscribe keeps p's subscriptions equal to the wanted channels until
+// none is wanted or the waker closes. A second goroutine receives; all I/O
+// happens in these two, never in an Acquire.
+func (w *waker) subscribe(p *peer, s *subscriber) {
 	var ps *redis.PubSub
-	received, stop := make(chan struct{}), make(chan struct{})
+	received := make(chan struct{})
 	have := map[string]bool{}
 	ctx := context.Background()
-	for range s.kick {
+	for running := true; running; {
+		select {
+		case <-s.stop:
+			running = false
+			continue
+		case <-s.kick:
+		}
 		w.mu.Lock()
 		if len(w.keys) == 0 {
-			w.nodes[n.idx] = nil // a later watch starts a new subscriber
+			if w.subs[p.idx] == s {
+				w.subs[p.idx] = nil // a later watch starts a new subscriber
+			}
 			w.mu.Unlock()
 			break
 		}
@@ -309,12 +367,12 @@ func (w *waker) subscribe(n *node, s *nodeSub) {
 			}
 		}
 		w.mu.Unlock()
-		if ps == nil && len(add) > 0 {
-			// Subscribe with a channel: a Ring needs one to pick a shard.
-			ps = n.rdb.Subscribe(ctx, add...)
-			go w.receive(n, ps, stop, received)
-		} else if len(add) > 0 {
-			_ = ps.Subscribe(ctx, add...) // on error, recorded: go-redis re-subscribes on reconnect
+		switch {
+		case ps == nil && len(add) > 0:
+			ps = p.rdb.Subscribe(ctx, add...) // with a channel: a Ring needs one to pick a shard
+			w.wg.Go(func() { defer close(received); w.receive(p, ps, s.stop) })
+		case len(add) > 0:
+			_ = ps.Subscribe(ctx, add...) // on error, go-redis subscribes again on its next connection
 		}
 		if len(drop) > 0 && ps != nil {
 			_ = ps.Unsubscribe(ctx, drop...)
@@ -327,47 +385,54 @@ func (w *waker) subscribe(n *node, s *nodeSub) {
 		}
 	}
 	if ps != nil {
-		close(stop)
 		_ = ps.Close()
 		<-received
 	}
 }
 
-// receive delivers the release notices of ps until stop is closed.
-func (w *waker) receive(n *node, ps *redis.PubSub, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	ctx := context.Background()
+// receive delivers p's release notices and subscription confirmations
+// until ps is closed.
+func (w *waker) receive(p *peer, ps *redis.PubSub, stop <-chan struct{}) {
 	pause := wakeRetry
 	for {
-		msg, err := ps.Receive(ctx)
+		msg, err := ps.Receive(context.Background())
+		if errors.Is(err, redis.ErrClosed) {
+			return
+		}
 		if err != nil {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if errors.Is(err, redis.ErrClosed) {
-				return
-			}
-			w.c.log.Debug("redlock: release notices: receive failed; retrying", "node", n.addr, "err", err)
-			w.unconfirm(n.idx) // go-redis subscribes again on its new connection
+			w.c.log.Debug("redlock: release notices: receive failed; retrying", "node", p.addr, "err", err)
+			w.unconfirm(p.idx) // go-redis subscribes again on its new connection
 			t := time.NewTimer(pause)
 			select {
 			case <-stop:
-				t.Stop()
-				return
 			case <-t.C:
 			}
+			t.Stop()
 			pause = min(2*pause, maxWakeRetry)
 			continue
 		}
 		pause = wakeRetry
+		w.mu.Lock()
 		switch m := msg.(type) {
 		case *redis.Message:
-			w.notify(n.idx, m.Channel, m.Payload)
+			if kw := w.keys[m.Channel]; kw != nil {
+				kw.seen(m.Payload, p.idx, w.c)
+			}
 		case *redis.Subscription:
-			w.confirm(n.idx, m.Channel, m.Kind == "subscribe")
+			if kw := w.keys[m.Channel]; kw != nil {
+				kw.confirmed[p.idx] = m.Kind == "subscribe"
+			}
 		}
+		w.mu.Unlock()
+	}
+}
+
+// unconfirm forgets node i's subscriptions: its connection failed.
+func (w *waker) unconfirm(i int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, kw := range w.keys {
+		kw.confirmed[i] = false
 	}
 }
 
@@ -379,27 +444,4 @@ func countTrue(bs []bool) int {
 		}
 	}
 	return n
-}
-
-// confirm records node i's answer to (UN)SUBSCRIBE channel.
-func (w *waker) confirm(i int, channel string, on bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if kw := w.keys[channel]; kw != nil {
-		if kw.confirmed == nil {
-			kw.confirmed = make([]bool, len(w.c.nodes))
-		}
-		kw.confirmed[i] = on
-	}
-}
-
-// unconfirm forgets node i's subscriptions: its connection failed.
-func (w *waker) unconfirm(i int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, kw := range w.keys {
-		if kw.confirmed != nil {
-			kw.confirmed[i] = false
-		}
-	}
 }

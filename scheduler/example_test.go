@@ -95,7 +95,7 @@ func Example_withElector() {
 	_, err = s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()),
 		gocron.NewTask(func() {
 			term, _ := e.Term()
-			fmt.Println("ran on the leader, term", term)
+			fmt.Println("ran on the leader, with a fencing term:", term > 0)
 			close(done)
 		}), gocron.WithName("report"))
 	if err != nil {
@@ -107,5 +107,5 @@ func Example_withElector() {
 	cancel()
 	<-running
 	// Output:
-	// ran on the leader, term 1
+	// ran on the leader, with a fencing term: true
 }

@@ -267,7 +267,7 @@ func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Durat
 		if errors.Is(err, redlock.ErrUnavailable) {
 			unavailable++
 			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
-		} else if holder, taken := qerr.Holder(); taken && (holder != l.cfg.instance || (held != nil && held())) {
+		} else if holder, taken := qerr.HolderMetadata(); taken && (holder != l.cfg.instance || (held != nil && held())) {
 			return nil, err
 		}
 		t := time.NewTimer(delay)
@@ -378,7 +378,7 @@ func (e *tickError) Error() string {
 		holder := "another instance"
 		var qerr *redlock.QuorumError
 		if errors.As(e.err, &qerr) {
-			if h, ok := qerr.Holder(); ok {
+			if h, ok := qerr.HolderMetadata(); ok {
 				holder = h
 			}
 		}

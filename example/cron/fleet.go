@@ -286,12 +286,12 @@ func (in *instance) run(ctx context.Context) error {
 	if err := in.sched.Shutdown(); err != nil {
 		return fmt.Errorf("instance %d: shutdown: %w", in.id, err)
 	}
-	// A release returns on a quorum; let its scripts for the other nodes
-	// finish before close closes the clients.
-	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// A release returns on a quorum; Close lets its scripts for the other
+	// nodes go out, and stops the Client, before close closes the clients.
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := in.locks.Wait(wctx); err != nil {
-		return fmt.Errorf("instance %d: wait for redlock: %w", in.id, err)
+	if err := in.locks.Close(cctx); err != nil {
+		return fmt.Errorf("instance %d: close redlock: %w", in.id, err)
 	}
 	return nil
 }

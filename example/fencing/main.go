@@ -99,6 +99,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer locks.Close(context.Background()) // before the nodes close
 	store := &Store{}
 	const ttl = 300 * time.Millisecond
 	res := []string{"example:fencing:record"}

@@ -281,6 +281,7 @@ func (f *fleet) close() error {
 type candidate struct {
 	name     string
 	rdbs     []*redis.Client
+	locks    *redlock.Client
 	el       *elector.Elector
 	kill     atomic.Int32 // killKind; set before it is killed
 	stopping *atomic.Bool // the fleet's: the final shutdown has begun
@@ -310,6 +311,7 @@ func newCandidate(name string, addrs []string, cfg config, j *journal, stopping 
 		nodes[i] = rdb
 	}
 	locks, err := redlock.New(nodes)
+	c.locks = locks
 	if err == nil {
 		c.el, err = elector.New(locks, electionName,
 			elector.WithIdentity(name),
@@ -396,6 +398,11 @@ func (c *candidate) closeClients() error {
 	}
 	c.closed = true
 	var errs []error
+	if c.locks != nil { // the redlock Client first: its queued releases go out
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, c.locks.Close(ctx))
+		cancel()
+	}
 	for _, rdb := range c.rdbs {
 		errs = append(errs, rdb.Close())
 	}

@@ -249,8 +249,7 @@ const keyPrefix = "lock:"
 // isLockKey reports whether key is a lock key: not a fencing counter, a
 // reentrant lock's holds hash, the restart gate marker or any other key.
 func isLockKey(key string) bool {
-	return strings.HasPrefix(key, keyPrefix) && !strings.HasSuffix(key, ":fencing") &&
-		!strings.HasSuffix(key, ":holds") && !strings.HasPrefix(key, keyPrefix+"redlock:")
+	return strings.HasPrefix(key, keyPrefix) && !strings.Contains(key, "\x00")
 }
 
 // jitterRetry is exponential backoff from 10 ms, doubling up to max, with
@@ -290,6 +289,7 @@ func newLocks(t testing.TB, nodes []redis.UniversalClient, opts ...redlock.Optio
 	if err != nil {
 		t.Fatalf("redlock.New: %v", err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) }) // in a bubble, before it ends
 	return c
 }
 
@@ -466,7 +466,7 @@ func (c *contender) run(ctx context.Context, r *rand.Rand) {
 				c.stats.unavailable++
 			}
 			var qerr *redlock.QuorumError
-			if errors.As(err, &qerr) && qerr.Validity != 0 {
+			if errors.As(err, &qerr) && strings.Contains(qerr.Error(), "below the minimum") {
 				c.stats.weak++
 			}
 			c.stats.mu.Unlock()

@@ -515,7 +515,7 @@ func TestRedisSameInstantBurst(t *testing.T) {
 							return
 						}
 						// Lost for sure once a quorum holds the lock.
-						if _, held, _ := lc.Holder(context.Background(), res); held {
+						if _, held, _ := lc.HolderMetadata(context.Background(), res); held {
 							return
 						}
 						split.Add(1)

@@ -30,7 +30,7 @@ import (
 // (ErrNotAcquired, see Acquire) without calling fn. Every goroutine Do starts
 // has ended when Do returns, apart from node calls abandoned at their
 // per-node timeout (see WithNodeTimeout).
-func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
+func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, fn func(ctx context.Context) error, opts ...LockOption) (err error) {
 	ctx, span := c.tel.startOp(ctx, tracing.SpanDo, resources, ttl)
 	defer func() { endOp(span, err) }()
 	if fn == nil {
@@ -55,30 +55,34 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 }
 
 // Keep extends l in the background while work runs, as Do does: by its TTL
-// each time a third of the TTL has passed since the last extension,
-// retrying every TTL/10 while nodes fail. The returned context, derived from
-// ctx and carrying l (FromContext), is cancelled with a cause matching
-// ErrLockLost when the lock is lost, no later than Until() - TTL/10, even
-// while an extension still waits for nodes; no extension is tried after
-// that, so a lost lock is never revived. It is also cancelled when ctx ends,
-// which stops the extensions too.
+// each time a third of the TTL (ExtendEvery, given here or at Acquire) has
+// passed since the last extension, retrying every TTL/10 while nodes fail.
+// The returned context, derived from ctx and carrying l (FromContext), is
+// cancelled with a cause matching ErrLockLost when the lock is lost, no
+// later than Until() - TTL/10, even while an extension still waits for
+// nodes; no extension is tried after that, so a lost lock is never revived.
+// It is also cancelled when ctx ends, which stops the extensions too.
 //
 // stop ends the extensions, waits for the goroutine Keep started, cancels
 // the returned context, and returns the loss (matching ErrLockLost) or nil.
-// It does not release the lock. Call stop exactly once; later calls return
-// the same result. Keep on a nil Lock returns ctx and a stop that reports
-// ErrInvalidArgument.
-func (l *Lock) Keep(ctx context.Context, opts ...KeepOption) (kctx context.Context, stop func() error) {
+// It does not release the lock. Later calls of stop return the same
+// result. Only ExtendEvery among the LockOptions applies here. Keep on a nil
+// Lock returns ctx and a stop that reports ErrInvalidArgument.
+func (l *Lock) Keep(ctx context.Context, opts ...LockOption) (kctx context.Context, stop func() error) {
 	if l == nil {
 		err := invalidf("Keep on a nil *Lock")
 		return ctx, func() error { return err }
 	}
+	cfg := l.cfg
+	for _, o := range opts {
+		if o != nil {
+			o.applyLock(&cfg)
+		}
+	}
 	ttl := l.TTL()
 	every := ttl / 3
-	for _, o := range opts {
-		if o.every > 0 {
-			every = min(o.every, ttl*8/10)
-		}
+	if cfg.extendEvery > 0 {
+		every = min(cfg.extendEvery, ttl*8/10)
 	}
 	kctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))
 	quit := make(chan struct{})
@@ -106,14 +110,6 @@ func FromContext(ctx context.Context) (l *Lock, ok bool) {
 	l, ok = ctx.Value(lockKey{}).(*Lock)
 	return l, ok
 }
-
-// KeepOption configures Keep.
-type KeepOption struct{ every time.Duration }
-
-// ExtendEvery sets the time from one successful extension to the next.
-// Default TTL/3; values above 0.8 x TTL are lowered to 0.8 x TTL, and zero
-// or negative values mean the default.
-func ExtendEvery(d time.Duration) KeepOption { return KeepOption{every: d} }
 
 // keepAlive extends l every `every` until stop is closed, and cancels fn's
 // ctx through cancel when the lock is lost. It returns the loss, or nil.

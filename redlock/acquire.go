@@ -1,0 +1,247 @@
+package redlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/tracing"
+)
+
+// Acquire takes a lock on all resources at once (all or nothing on each
+// node), retrying quorum rounds with the retry policy (WithRetry; default
+// DefaultRetry: jittered exponential backoff, at most 30 s) until it holds
+// the lock, ctx ends, or the policy gives up. When a quorum of nodes
+// reports one holder, the wait between rounds ends as soon as that holder
+// releases (WithReleaseNotices). Each round sends one script to every node
+// in parallel, with the node timeout enforced here; the lock is held when a
+// quorum granted and the validity left (TTL - elapsed - drift, measured
+// from this round's own start) is at least the minimum. A failed round is
+// undone on every node that may have granted, also on those that did not
+// answer. ttl is rounded down to whole milliseconds.
+//
+// Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
+// matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
+// ErrUnavailable when too many nodes failed, and ctx's cause when ctx ended.
+// Safe for concurrent use. (redis.io distlock spec, steps 1-5.)
+func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Duration, opts ...LockOption) (l *Lock, err error) {
+	ctx, span := c.tel.startOp(ctx, tracing.SpanAcquire, resources, ttl)
+	start, attempts := time.Now(), 0
+	defer func() { c.tel.endAcquire(ctx, span, start, attempts, l, err) }()
+	l, err = c.newLock(ctx, resources, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	policy := l.cfg.retry()
+	if policy == nil {
+		return nil, invalidf("the retry policy factory (WithRetry) returned nil")
+	}
+	policy.Reset()
+	w := c.wake.waiter(l)
+	defer w.stop()
+	var last *QuorumError
+	for attempts = 1; ; attempts++ {
+		w.beforeAttempt()
+		q := c.attempt(ctx, l, attempts, !c.cfg.noWake)
+		if q == nil {
+			return l, nil
+		}
+		if ctx.Err() != nil {
+			if last == nil || !cutShort(q) {
+				last = q
+			}
+			return nil, l.fail(ctx, attempts, last)
+		}
+		last = q
+		d := policy.NextBackOff()
+		if d == backoff.Stop {
+			l.end()
+			return nil, fmt.Errorf("redlock: the retry policy gave up after %d attempts: %w", attempts, last)
+		}
+		w.sleep(ctx, last, d)
+		if ctx.Err() != nil {
+			return nil, l.fail(ctx, attempts, last)
+		}
+	}
+}
+
+// TryAcquire is Acquire with exactly one quorum round and no retry. For
+// one resource without WithOwner, WithFencing or restart gating that round
+// is SET NX GET rather than the acquire script (Redis 7.0 or later; a node
+// that rejects it gets the script). Errors: ErrInvalidArgument for bad
+// input (no I/O then); a *QuorumError (matching ErrNotAcquired, and
+// ErrUnavailable when too many nodes failed); or, when ctx ended, an error
+// matching ErrNotAcquired and ctx's cause.
+func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...LockOption) (l *Lock, err error) {
+	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)
+	start, attempts := time.Now(), 0
+	defer func() { c.tel.endAcquire(ctx, span, start, attempts, l, err) }()
+	l, err = c.newLock(ctx, resources, ttl, opts)
+	if err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, l.fail(ctx, 0, nil)
+	}
+	attempts = 1
+	if q := c.attempt(ctx, l, 1, false); q != nil {
+		if ctx.Err() != nil {
+			return nil, l.fail(ctx, 1, q)
+		}
+		l.end()
+		return nil, q
+	}
+	return l, nil
+}
+
+// cutShort reports whether q's round learned nothing: every node's call
+// was cut short by the caller's ctx.
+func cutShort(q *QuorumError) bool {
+	for _, r := range q.Nodes {
+		if !r.canceled {
+			return false
+		}
+	}
+	return true
+}
+
+// fail ends the acquisition and returns the error of one that ctx ended.
+func (l *Lock) fail(ctx context.Context, attempts int, last *QuorumError) error {
+	l.end()
+	if last == nil {
+		return fmt.Errorf("%w after %d attempts: %w", ErrNotAcquired, attempts, context.Cause(ctx))
+	}
+	return fmt.Errorf("%w after %d attempts: %w (last round: %w)", ErrNotAcquired, attempts, context.Cause(ctx), last)
+}
+
+// end marks a failed acquisition.
+func (l *Lock) end() {
+	l.mu.Lock()
+	l.state, l.value = stateReleased, ""
+	l.mu.Unlock()
+}
+
+// attempt is one acquisition attempt, steps 1-5 of the redis.io page: T1,
+// one round on every node, the quorum decision, the validity, and on
+// failure the undo on every node. It returns nil when l is now held.
+// waiting says that a refusal marks the holder's key for a release notice.
+func (c *Client) attempt(ctx context.Context, l *Lock, n int, waiting bool) *QuorumError {
+	value, aid := l.nextAttempt()
+	start := time.Now() // T1
+	rs := c.round(ctx, c.acquireSpec(l, value, aid, n, waiting))
+	var qerr *QuorumError
+	var token uint64
+	if count(rs, OutcomeOK) < c.quorum {
+		qerr = newQuorumError("acquire", l.resources, c.quorum, rs, false, ErrNotAcquired)
+	} else if l.cfg.fencing {
+		token, qerr = c.fence(ctx, l, aid, rs)
+	}
+	if qerr == nil {
+		v := c.validity(start, l.ttl)
+		if v > 0 && v >= time.Duration(float64(l.ttl)*c.cfg.minValidity) {
+			l.mu.Lock()
+			l.state, l.until, l.fenceTok, l.granted = stateHeld, start.Add(l.ttl-c.drift(l.ttl)), token, time.Now()
+			l.mu.Unlock()
+			c.tel.held.Add(ctx, 1)
+			return nil
+		}
+		qerr = newQuorumError("acquire", l.resources, c.quorum, rs, false, ErrNotAcquired)
+		qerr.validity = v
+	}
+	// Undo on every node that may have granted, also where the answer is
+	// missing or an error (step 5); "held" and "gated" answers set nothing.
+	// The undo does not wait: on each node it goes out after this attempt's
+	// acquire (one queue per node, in order), so it also deletes a grant
+	// that comes after the round was decided, and before the next attempt.
+	skip := make([]bool, len(rs))
+	for i, r := range rs {
+		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated
+	}
+	undo := c.releaseSpec(l, "undo", value, aid, "", skip, start.Add(l.ttl))
+	undo.async = true
+	c.round(ctx, undo)
+	return qerr
+}
+
+// nextAttempt starts an attempt: its value (a new owner token, or the
+// reentrant owner's with a new acquisition ID) becomes the Lock's. Every
+// attempt has its own value, so that the undo or cleanup of one attempt
+// never deletes what a later attempt set.
+func (l *Lock) nextAttempt() (value, aid string) {
+	token := l.token
+	if token == "" {
+		token = newToken("")
+	} else {
+		aid = newAcquisitionID()
+	}
+	value = buildValue(token, l.tp, l.cfg.metadata)
+	l.mu.Lock()
+	l.value, l.aid = value, aid
+	l.mu.Unlock()
+	return value, aid
+}
+
+// acquireSpec returns the acquire round of one attempt (scripts/acquire.lua
+// for its arguments).
+func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) roundSpec {
+	fencing, wait := "0", "0"
+	if l.cfg.fencing {
+		fencing = "1"
+	}
+	if waiting {
+		wait = "1"
+	}
+	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, script: acquireScript, keys: l.keys,
+		args:     []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait},
+		parse:    parseAcquire(value),
+		skipDown: true,
+	}
+	if !waiting && len(l.keys) == 1 {
+		// A plain one-key lock tried once: SET NX GET does what the script
+		// does there, and Redis runs a plain command faster than a script.
+		spec.setGet = []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"} // keys: spec.keys
+	}
+	return spec
+}
+
+// parseAcquire returns the reader of acquire replies for value: the
+// script's {1, ...} granted, {0, holder's value, PTTL} refused, {2, ms}
+// gated; SET NX GET's nil (set) or the key's value, which is granted when it
+// has our owner token (go-redis sent the command again after a lost
+// reply).
+func parseAcquire(value string) func(*redis.Cmd) NodeResult {
+	return func(cmd *redis.Cmd) NodeResult {
+		switch v := cmd.Val().(type) {
+		case nil:
+			return NodeResult{Outcome: OutcomeOK}
+		case string:
+			if len(v) >= tokenLen && v[:tokenLen] == value[:tokenLen] {
+				return NodeResult{Outcome: OutcomeOK}
+			}
+			return refusal(v, 0)
+		case []any:
+			code, _ := v[0].(int64)
+			switch {
+			case code == 1:
+				return NodeResult{Outcome: OutcomeOK, reply: v}
+			case code == 2:
+				return NodeResult{Outcome: OutcomeGated}
+			case len(v) == 3:
+				holder, _ := v[1].(string)
+				pttl, _ := v[2].(int64)
+				return refusal(holder, time.Duration(pttl)*time.Millisecond)
+			}
+		}
+		return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("redlock: unexpected acquire reply %v", cmd.Val())}
+	}
+}
+
+// refusal is the result of a key held by the lock value v, whose TTL left
+// is expires (0: unknown).
+func refusal(v string, expires time.Duration) NodeResult {
+	tp, md, _ := splitValue(v) // never expose the other owner's token
+	return NodeResult{Outcome: OutcomeHeld, Holder: md, traceparent: tp, expires: expires, value: unmarked(v)}
+}

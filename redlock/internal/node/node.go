@@ -1,0 +1,331 @@
+// Package node sends commands to one Redis node and knows nothing of
+// locks. Concurrent callers' commands queue up and one sender goroutine per
+// node writes whatever is queued as one go-redis pipeline (one write, one
+// read), so that many rounds in flight cost one round trip per node, not
+// one each.
+//
+// Ordering: calls go out in queue order, batch by batch, and a batch is
+// sent only after the previous one was answered or its context ended.
+//
+// Lifecycle: Send starts the sender when none runs; a sender that has had
+// nothing to send for Idle ends. Close stops it and waits for it.
+//
+// Scripts: a script goes as EVAL until the node has run it once, then as
+// EVALSHA. A NOSCRIPT reply (the node restarted or flushed its scripts) is
+// handled here only: the call goes again as EVAL, after the rest of its
+// batch, unless a later call of the batch names one of its keys and the
+// call is not Reorderable; then it keeps the NOSCRIPT error, since running
+// it after that later call could change the outcome.
+package node
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrClosed is the error of a call made after Close, or still queued when
+// Close gave up waiting.
+var ErrClosed = errors.New("node closed")
+
+// Idle is how long a sender waits for more calls before it ends.
+const Idle = 100 * time.Millisecond
+
+// Call is one command for the node.
+type Call struct {
+	// Ctx bounds the call: a call whose Ctx has ended when its turn comes
+	// is not sent, and its deadline bounds the wait for the reply (with
+	// ContextTimeoutEnabled on the go-redis client). Its values reach
+	// go-redis hooks when the call goes alone.
+	Ctx context.Context
+	// Script, when set, is sent with Keys and Args; otherwise Args is a
+	// plain command, and Keys are the keys it names (for ordering only).
+	Script *redis.Script
+	Keys   []string
+	Args   []any
+	// Reorderable says that the call may run after later calls of its
+	// batch on the same keys (a compare-and-delete of the caller's own
+	// value): it is sent again after NOSCRIPT whatever follows it.
+	Reorderable bool
+	// Done receives the reply, once, on the node's sender goroutine; it
+	// must not block. It may call Send.
+	Done func(*redis.Cmd)
+}
+
+// Node is the transport to one Redis node. Its methods are safe for
+// concurrent use. The zero value is not usable: use New.
+type Node struct {
+	rdb redis.UniversalClient
+
+	mu      sync.Mutex
+	queue   []*Call
+	running bool          // a sender runs
+	ended   chan struct{} // closed when the running sender ends
+	closed  bool
+	kick    chan struct{} // 1-buffered: the queue is not empty
+	stop    chan struct{} // closed by Close: drain, then end
+	halt    context.CancelFunc
+	base    context.Context // ends when Close gives up
+
+	known map[string]bool // SHA1s of the scripts the node has run; sender only
+}
+
+// New returns the transport to rdb. It starts nothing: the sender starts
+// with the first Send.
+func New(rdb redis.UniversalClient) *Node {
+	base, halt := context.WithCancel(context.Background())
+	return &Node{rdb: rdb, kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		base: base, halt: halt, known: map[string]bool{}}
+}
+
+// Send queues c; c.Done runs later on the sender goroutine. It never
+// blocks. After Close it queues nothing and returns ErrClosed.
+func (n *Node) Send(c *Call) error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return ErrClosed
+	}
+	n.queue = append(n.queue, c)
+	if !n.running {
+		n.running, n.ended = true, make(chan struct{})
+		go n.run(n.ended)
+	}
+	n.mu.Unlock()
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Flush returns once every call queued before it has been answered or
+// dropped, or when ctx ends (with ctx's cause).
+func (n *Node) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	if err := n.Send(&Call{Ctx: context.Background(), Done: func(*redis.Cmd) { close(done) }}); err != nil {
+		return nil // closed: nothing is queued any more once Close returned
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Close stops taking calls, lets the sender send what is queued until ctx
+// ends, then cancels what is left (ErrClosed) and returns once the sender
+// has ended. A command that go-redis is reading a reply for when ctx ends
+// ends with the go-redis client's read timeout at the latest. It returns
+// ctx's cause if ctx ended first, else nil. Safe to call more than once.
+func (n *Node) Close(ctx context.Context) error {
+	n.mu.Lock()
+	if !n.closed {
+		n.closed = true
+		close(n.stop)
+	}
+	running, ended := n.running, n.ended
+	n.mu.Unlock()
+	if !running {
+		n.halt()
+		return nil
+	}
+	select {
+	case <-ended:
+		n.halt()
+		return nil
+	case <-ctx.Done():
+		n.halt()
+		<-ended
+		return context.Cause(ctx)
+	}
+}
+
+// run is the sender: it sends the queue's calls, batch by batch, until it
+// has been idle for Idle, or until Close, then what is left.
+func (n *Node) run(ended chan struct{}) {
+	defer close(ended)
+	idle := time.NewTimer(Idle)
+	defer idle.Stop()
+	for {
+		for n.sendQueued() {
+		}
+		idle.Reset(Idle)
+		select {
+		case <-n.kick:
+		case <-n.stop:
+			for n.sendQueued() {
+			}
+			return
+		case <-idle.C:
+			n.mu.Lock()
+			if len(n.queue) == 0 {
+				n.running = false
+				n.mu.Unlock()
+				return
+			}
+			n.mu.Unlock()
+		}
+	}
+}
+
+// sendQueued sends what is queued as one batch and reports whether there
+// was anything.
+func (n *Node) sendQueued() bool {
+	n.mu.Lock()
+	batch := n.queue
+	n.queue = nil
+	n.mu.Unlock()
+	if len(batch) == 0 {
+		return false
+	}
+	n.send(batch)
+	return true
+}
+
+// send sends batch: a call whose ctx has ended (or every call, once Close
+// gave up) gets that error unsent; one live call goes alone with its own
+// ctx, several as a pipeline under the latest of their deadlines. Every
+// call's Done runs, in queue order.
+func (n *Node) send(batch []*Call) {
+	replies := make([]*redis.Cmd, len(batch))
+	var live []int
+	for i, c := range batch {
+		switch {
+		case n.base.Err() != nil:
+			replies[i] = failed(c, ErrClosed)
+		case c.Script == nil && c.Args == nil: // Flush's marker
+			replies[i] = redis.NewCmd(c.Ctx)
+		case c.Ctx.Err() != nil:
+			replies[i] = failed(c, context.Cause(c.Ctx))
+		default:
+			live = append(live, i)
+		}
+	}
+	switch len(live) {
+	case 0:
+	case 1:
+		i := live[0]
+		replies[i] = n.sendOne(batch[i])
+	default:
+		ctx, cancel := n.batchContext(batch, live)
+		n.sendPipeline(ctx, batch, live, replies)
+		cancel()
+	}
+	for i, c := range batch {
+		c.Done(replies[i])
+	}
+}
+
+// sendOne sends c alone with its own ctx (values and all).
+func (n *Node) sendOne(c *Call) *redis.Cmd {
+	if c.Script == nil {
+		return n.rdb.Do(c.Ctx, c.Args...)
+	}
+	cmd := n.script(c.Ctx, n.rdb, c)
+	if n.learn(c, cmd) {
+		cmd = c.Script.Eval(c.Ctx, n.rdb, c.Keys, c.Args...)
+		n.learn(c, cmd)
+	}
+	return cmd
+}
+
+// script sends c's script through s: EVALSHA if the node knows it, else
+// EVAL.
+func (n *Node) script(ctx context.Context, s redis.Scripter, c *Call) *redis.Cmd {
+	if n.known[c.Script.Hash()] {
+		return c.Script.EvalSha(ctx, s, c.Keys, c.Args...)
+	}
+	return c.Script.Eval(ctx, s, c.Keys, c.Args...)
+}
+
+// learn records from reply whether the node knows c's script, and reports
+// whether the reply is NOSCRIPT.
+func (n *Node) learn(c *Call, reply *redis.Cmd) (noscript bool) {
+	err := reply.Err()
+	var rerr redis.Error
+	switch {
+	case redis.HasErrorPrefix(err, "NOSCRIPT"):
+		delete(n.known, c.Script.Hash())
+		return true
+	case err == nil || errors.As(err, &rerr):
+		n.known[c.Script.Hash()] = true // it ran (a script error is an answer too)
+	}
+	return false
+}
+
+// batchContext returns the context of a pipeline of the live calls: the
+// latest of their deadlines (none if one has none), ended also by Close.
+func (n *Node) batchContext(batch []*Call, live []int) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, i := range live {
+		d, ok := batch[i].Ctx.Deadline()
+		if !ok {
+			return context.WithCancel(n.base)
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(n.base, latest)
+}
+
+// sendPipeline sends the live calls of batch as one pipeline, then, as a
+// second one, as EVAL, those the node answered NOSCRIPT that may go after
+// the rest of the batch (see the package doc).
+func (n *Node) sendPipeline(ctx context.Context, batch []*Call, live []int, replies []*redis.Cmd) {
+	pipe := n.rdb.Pipeline()
+	for _, i := range live {
+		c := batch[i]
+		if c.Script != nil {
+			replies[i] = n.script(ctx, pipe, c)
+		} else {
+			replies[i] = pipe.Do(ctx, c.Args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+	var again []int
+	for j, i := range live {
+		c := batch[i]
+		if c.Script != nil && n.learn(c, replies[i]) && c.Ctx.Err() == nil && (c.Reorderable || !sharesKey(c, batch, live[j+1:])) {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	pipe = n.rdb.Pipeline()
+	for _, i := range again {
+		c := batch[i]
+		replies[i] = c.Script.Eval(ctx, pipe, c.Keys, c.Args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for _, i := range again {
+		n.learn(batch[i], replies[i])
+	}
+}
+
+// sharesKey reports whether a call of batch at the indexes later names one
+// of c's keys.
+func sharesKey(c *Call, batch []*Call, later []int) bool {
+	for _, i := range later {
+		for _, k := range batch[i].Keys {
+			if slices.Contains(c.Keys, k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// failed returns a reply holding err for c.
+func failed(c *Call, err error) *redis.Cmd {
+	cmd := redis.NewCmd(c.Ctx)
+	cmd.SetErr(err)
+	return cmd
+}

@@ -1,0 +1,100 @@
+package redlock
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// The key namespace. A resource's lock key is the key prefix followed by
+// the resource name, as users see it in Redis. The keys the package uses
+// for itself are the lock key or the prefix followed by a NUL byte and a
+// name: "<key>\x00holds" (a reentrant lock's holds), "<key>\x00fencing" (a
+// fencing counter), "<prefix>\x00restart-gate" (the gate marker). Neither
+// a resource name nor a key prefix may contain a NUL byte (ErrInvalidArgument),
+// so no resource can name one of them, and no two of them coincide.
+const (
+	nul           = "\x00"
+	holdsSuffix   = nul + "holds"
+	fencingSuffix = nul + "fencing"
+	gateName      = nul + "restart-gate"
+	// legacyGateName is where releases before 0.2 kept the gate marker; a
+	// gated acquisition reads it once, so that upgrading does not gate
+	// every node again.
+	legacyGateName = "redlock:restart-gate"
+	// releasedSuffix turns a lock key into the pub/sub channel of its
+	// release notices (a channel, not a key).
+	releasedSuffix = ":released"
+)
+
+// Lock values. A value is the owner token (16 random bytes as 32 hex
+// digits; for a reentrant lock, derived from the owner ID), then '-' or 'T'
+// followed by the W3C traceparent (55 characters) of the acquiring span,
+// then the metadata. Other clients read the trace context and metadata of a
+// holder from a refused round; the owner token never leaves the package.
+// A waiter that a key refused marks it for a release notice by turning
+// the byte after the token into '_' (for '-') or 't' (for 'T'); ownership
+// checks compare the token only.
+const tokenLen = 32
+
+// traceparentLen is the length of a version-00 W3C traceparent.
+const traceparentLen = 55
+
+// newToken returns a random owner token, or, for a reentrant owner, the
+// token every acquisition of that owner shares.
+func newToken(owner string) string {
+	var b [tokenLen / 2]byte
+	if owner != "" {
+		sum := sha256.Sum256([]byte("schedlock/redlock owner\x00" + owner))
+		copy(b[:], sum[:])
+	} else {
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// newAcquisitionID returns a random ID for one hold of a reentrant lock.
+func newAcquisitionID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// buildValue lays out a lock value (see above).
+func buildValue(token, traceparent, metadata string) string {
+	if traceparent == "" {
+		return token + "-" + metadata
+	}
+	return token + "T" + traceparent + metadata
+}
+
+// splitValue returns the trace context and metadata of a lock value,
+// marked or not; ok is false for a value not written by this package.
+func splitValue(v string) (traceparent, metadata string, ok bool) {
+	switch {
+	case len(v) > tokenLen && (v[tokenLen] == '-' || v[tokenLen] == '_'):
+		return "", v[tokenLen+1:], true
+	case len(v) >= tokenLen+1+traceparentLen && (v[tokenLen] == 'T' || v[tokenLen] == 't'):
+		return v[tokenLen+1 : tokenLen+1+traceparentLen], v[tokenLen+1+traceparentLen:], true
+	}
+	return "", "", false
+}
+
+// unmarked returns v without its wait mark: the value as its owner wrote
+// it, the same on every node.
+func unmarked(v string) string {
+	if len(v) <= tokenLen {
+		return v
+	}
+	switch v[tokenLen] {
+	case '_':
+		return v[:tokenLen] + "-" + v[tokenLen+1:]
+	case 't':
+		return v[:tokenLen] + "T" + v[tokenLen+1:]
+	}
+	return v
+}
+
+// hasNUL reports whether s contains a NUL byte.
+func hasNUL(s string) bool { return strings.Contains(s, nul) }

@@ -1,0 +1,34 @@
+-- Release: delete every lock key (KEYS[1..n]) that holds our owner token
+-- (the first 32 bytes of ARGV[1]) and return how many held it
+-- (compare-and-delete). For a reentrant lock (ARGV[2] is the acquisition
+-- ID; KEYS[n+1..2n] are the holds hashes) remove this acquisition's hold and
+-- delete the key only when no hold is left. When ARGV[3] is not empty, a
+-- deleted key that a waiter marked (byte 33 '_' or 't') publishes ARGV[3] on
+-- "<key>:released"; PUBLISH runs under pcall, so that a user whose ACL
+-- denies the channel still releases.
+local tok = string.sub(ARGV[1], 1, 32)
+local aid = ARGV[2]
+local n = #KEYS
+if aid ~= '' then n = n / 2 end
+local mine = 0
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  if v and string.sub(v, 1, 32) == tok then
+    mine = mine + 1
+    local last = true
+    if aid ~= '' then
+      local h = KEYS[n + i]
+      redis.call('HDEL', h, aid)
+      last = redis.call('HLEN', h) - redis.call('HEXISTS', h, '_t') <= 0
+      if last then redis.call('DEL', h) end
+    end
+    if last then
+      redis.call('DEL', KEYS[i])
+      local c = string.sub(v, 33, 33)
+      if ARGV[3] ~= '' and (c == '_' or c == 't') then
+        redis.pcall('PUBLISH', KEYS[i] .. ':released', ARGV[3])
+      end
+    end
+  end
+end
+return mine
