@@ -59,10 +59,10 @@ type roundState struct {
 	mu       sync.Mutex
 	results  []NodeResult
 	counted  []bool // nodes counted as failed until they answer (skipDown)
-	calls    int // calls sent
-	answered int // calls answered
-	ok, bad  int // answers that count for and against a quorum
-	down     int // nodes counted as failed until they answer (skipDown)
+	calls    int    // calls sent
+	answered int    // calls answered
+	ok, bad  int    // answers that count for and against a quorum
+	down     int    // nodes counted as failed until they answer (skipDown)
 	decided  bool
 	done     chan struct{} // closed once decided
 	cancel   context.CancelFunc
