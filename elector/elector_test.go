@@ -86,6 +86,7 @@ func startCandidate(t *testing.T, cl redlocktest.Cluster, id string, w *windows,
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
 	base := []elector.Option{
 		elector.WithIdentity(id),
 		elector.OnStartedLeading(func(ctx context.Context) {
@@ -233,6 +234,7 @@ func TestRenewalThatHangsStepsDownBeforeDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
 	var stopped atomic.Int32
 	var e *elector.Elector
 	e, err = elector.New(client, "hang", elector.WithLeaseTTL(time.Second),
@@ -378,6 +380,7 @@ func TestNewValidatesTiming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
 	tests := []struct {
 		name   string
 		client *redlock.Client
@@ -421,6 +424,7 @@ func TestRunTwiceIsAnError(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	client, _ := redlock.New([]redis.UniversalClient{rdb})
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
 	e, err := elector.New(client, "x", elector.WithLeaseTTL(time.Second), elector.WithRetryPeriod(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -544,6 +548,7 @@ func TestLeadershipSpans(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	client, _ := redlock.New([]redis.UniversalClient{rdb}, redlock.WithTracerProvider(tp))
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
 	inLead := make(chan trace.SpanContext, 1)
 	e, err := elector.New(client, "traced", elector.WithIdentity("me"), elector.WithTracerProvider(tp),
 		elector.WithLeaseTTL(time.Second), elector.WithRetryPeriod(20*time.Millisecond),

@@ -181,6 +181,7 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 	if _, err := c.TryAcquire(context.Background(), []string{"secret-name"}, time.Second); !errors.Is(err, redlock.ErrUnavailable) {
 		t.Fatalf("TryAcquire = %v", err)
 	}
+	waitSettled(t, c) // the undo's calls and spans too
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,7 @@ func TestRollingDeployRunsEachTickOnce(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { _ = c.Close(context.Background()) })
 				s, err := scheduler.New(c, scheduler.WithLockerOptions(
 					scheduler.WithClock(redlocktest.OffsetClock(offset)), scheduler.WithInstanceID(name)))
 				if err != nil {
@@ -127,6 +128,7 @@ func TestShutdownDuringLockIsNotUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	lockErrs := make(chan error, 4)
 	s, err := scheduler.New(c,
 		scheduler.WithLockerOptions(scheduler.WithLockTimeout(5*time.Second)),

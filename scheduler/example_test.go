@@ -31,6 +31,7 @@ func exampleNodes() (*redlock.Client, func()) {
 		panic(err)
 	}
 	return locks, func() {
+		_ = locks.Close(context.Background())
 		for i := range nodes {
 			nodes[i].Close()
 			ms[i].Close()

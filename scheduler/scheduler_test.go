@@ -61,6 +61,7 @@ func startInstance(t *testing.T, cl redlocktest.Cluster, rec *recorder, spec ins
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	opts := append([]scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(spec.offset))}, spec.opts...)
 	s, err := scheduler.New(c, scheduler.WithLockerOptions(opts...))
 	if err != nil {
@@ -182,6 +183,7 @@ func TestNaiveLockerRunsTicksTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		clock := redlocktest.OffsetClock(off)
 		s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithDistributedLocker(naiveLocker{c}))
 		if err != nil {
@@ -350,6 +352,7 @@ func TestLostLockCancelsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	lostJobs := make(chan string, 1)
 	const ttl = 300 * time.Millisecond
 	s, err := scheduler.New(c, scheduler.WithLockerOptions(
@@ -424,6 +427,7 @@ func TestLockRetriesNodesThatDidNotAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	l, err := scheduler.NewLocker(c, scheduler.WithLockTimeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -454,6 +458,7 @@ func BenchmarkLockHeldElsewhere(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { _ = c.Close(context.Background()) })
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	holder, other := twoLockers(b, c, clock)
 	ctx := context.Background()

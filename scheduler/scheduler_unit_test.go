@@ -77,6 +77,7 @@ func miniClient(t testing.TB, n int) (*redlock.Client, []*miniredis.Miniredis) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c, ms
 }
 
@@ -294,6 +295,7 @@ func TestSimultaneousInstancesAlwaysElectOneRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID(fmt.Sprintf("i%d", i)))
 		if err != nil {
 			t.Fatal(err)
@@ -351,6 +353,7 @@ func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID(id), scheduler.WithTracerProvider(tp))
 		if err != nil {
 			t.Fatal(err)

@@ -49,6 +49,7 @@ func TestJaegerShowsContendedAcquisition(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
 		return c
 	}
 	holder, waiter := newClient(), newClient()
@@ -268,6 +269,7 @@ func TestJaegerReceivesOverGRPC(t *testing.T) {
 		_ = shutdown(ctx)
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	l, err := c.TryAcquire(ctx, []string{"grpc"}, time.Second)
 	if err == nil {
 		err = l.Release(ctx)

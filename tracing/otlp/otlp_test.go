@@ -200,6 +200,7 @@ func TestSetupExportsTheLibrarysSpansAndMetrics(t *testing.T) {
 		_ = shutdown(ctx)
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	l, err := c.Acquire(ctx, []string{"report"}, time.Second)
 	if err != nil {
 		t.Fatal(err)

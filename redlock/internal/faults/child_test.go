@@ -63,6 +63,7 @@ func runChild(role string) int {
 	if err != nil {
 		return fail("New: %v", err)
 	}
+	defer locks.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	l, err := locks.Acquire(ctx, []string{os.Getenv(envChildResource)}, time.Duration(ttlMS)*time.Millisecond)

@@ -45,6 +45,7 @@ func startScheduler(t *testing.T, nodes []redis.UniversalClient, id int, offset 
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	opts := append([]scheduler.LockerOption{
 		scheduler.WithClock(redlocktest.OffsetClock(offset)),
 		scheduler.WithInstanceID(fmt.Sprintf("instance-%d", id)),
@@ -137,6 +138,7 @@ func TestSoakEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = arm.Close(context.Background()) })
 		_, _ = arm.TryAcquire(context.Background(), []string{"arm"}, gate)
 		time.Sleep(gate + 100*time.Millisecond)
 
@@ -154,6 +156,7 @@ func TestSoakEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { _ = c.Close(context.Background()) })
 			id := fmt.Sprintf("candidate-%d", i)
 			e, err := elector.New(c, "singleton", elector.WithIdentity(id), elector.WithLeaseTTL(leaseTTL),
 				elector.OnStartedLeading(func(lctx context.Context) {
