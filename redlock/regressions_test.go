@@ -1,0 +1,349 @@
+package redlock_test
+
+// Regression tests for the exclusion and liveness holes that feature
+// interactions opened (issue 17), each against real redis-server nodes.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+// nodesExpiry returns when key expires on every node, read off its PTTL
+// (whole milliseconds, so up to 1 ms later).
+func nodesExpiry(t *testing.T, cl redlocktest.Cluster, key string) []time.Time {
+	t.Helper()
+	var at []time.Time
+	for _, s := range cl {
+		now := time.Now()
+		at = append(at, now.Add(s.Client(t).PTTL(context.Background(), key).Val()+time.Millisecond))
+	}
+	return at
+}
+
+// TestConcurrentExtendsKeepUntilWithinTheNodes: Extend calls on one Lock
+// run one after the other, so Until is never later than what a quorum of
+// nodes holds, whichever call the nodes ran last (two concurrent Extends,
+// of 20 s and 300 ms, once left Until 20 s ahead of keys that expired in
+// 300 ms, and another Client acquired the resource).
+func TestConcurrentExtendsKeepUntilWithinTheNodes(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, []string{"r"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		var wg sync.WaitGroup
+		for _, ttl := range []time.Duration{20 * time.Second, 300 * time.Millisecond} {
+			wg.Go(func() {
+				if err := l.Extend(ctx, ttl); err != nil {
+					t.Errorf("Extend(%v): %v", ttl, err)
+				}
+			})
+		}
+		wg.Wait()
+		waitSettled(t, c)
+		until := l.Until()
+		holding := 0
+		var left []time.Duration
+		for _, at := range nodesExpiry(t, cl, "r") {
+			left = append(left, time.Until(at).Round(time.Millisecond))
+			if !at.Before(until) {
+				holding++
+			}
+		}
+		if holding < c.Quorum() {
+			t.Fatalf("round %d: Until is %v away, the nodes hold the key for %v: fewer than a quorum cover Until",
+				i, time.Until(until).Round(time.Millisecond), left)
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExtendObeysTheRestartGate: Extend rejects a TTL above the restart
+// gate's maximum, as Acquire does (it accepted one, and after a node
+// restart two holders were possible).
+func TestExtendObeysTheRestartGate(t *testing.T) {
+	_, nodes := miniNodes(t, 1)
+	const gate = 100 * time.Millisecond
+	c := newClient(t, nodes, redlock.WithRestartGating(gate))
+	ctx := context.Background()
+	var l *redlock.Lock
+	for deadline := time.Now().Add(5 * time.Second); l == nil; time.Sleep(20 * time.Millisecond) {
+		l, _ = c.TryAcquire(ctx, []string{"r"}, gate) // the fresh node is gated first
+		if time.Now().After(deadline) {
+			t.Fatal("never acquired after the gate")
+		}
+	}
+	err := l.Extend(ctx, 2*gate)
+	if !errors.Is(err, redlock.ErrInvalidArgument) || !strings.Contains(err.Error(), "restart gate") {
+		t.Errorf("Extend(%v) with a %v gate = %v, want ErrInvalidArgument naming the restart gate", 2*gate, gate, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFencingTokensRiseAfterAFrozenAndAnEmptyNode: with restart gating,
+// the next token is larger even when the next quorum is a node that
+// missed the last token's record (frozen meanwhile) and a node that
+// restarted without its data: tokens also rise with the nodes' clocks
+// (they went backwards: each node proposed 1 + its stale counter).
+func TestFencingTokensRiseAfterAFrozenAndAnEmptyNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	const gate = time.Second
+	c := newClient(t, cl.Clients(t), redlock.WithRestartGating(gate), redlock.WithFencing(true))
+	ctx := context.Background()
+	acquire := func(what string) uint64 {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			l, err := c.TryAcquire(ctx, []string{"r"}, gate)
+			if err == nil {
+				tok := l.FencingToken()
+				_ = l.Release(ctx)
+				waitSettledOn(t, c)
+				return tok
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+	}
+	first := acquire("first acquisition") // waits out the fresh nodes' gate
+	cl[2].Stop(t)                         // node 2 misses the next record
+	second := acquire("with node 2 frozen")
+	cl[2].Cont(t)
+	cl[0].Kill(t) // node 0 loses everything
+	cl[0].Restart(t)
+	cl[1].Stop(t) // the next quorum: node 0 (empty) and node 2 (stale)
+	third := acquire("on the empty and the stale node")
+	cl[1].Cont(t)
+	if !(first < second && second < third) {
+		t.Errorf("tokens %d, %d, %d: want strictly increasing", first, second, third)
+	}
+}
+
+// waitSettledOn is waitSettled, tolerating a stopped node: it gives up
+// after 1 s.
+func waitSettledOn(t *testing.T, c *redlock.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = redlock.Flush(c, ctx)
+}
+
+// TestSplitVoteDoesNotWaitForAHolder: after a round in which no holder
+// refused on a quorum (here two owners hold one node each), a waiting
+// Acquire retries at its retry policy's pace: it does not sleep until a
+// refusing key expires (it slept up to 1 s after every split vote, which
+// made contention between Clients 15-30x slower with release notices on).
+func TestSplitVoteDoesNotWaitForAHolder(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	for i, s := range cl[:2] {
+		v := fmt.Sprintf("%032x-other owner %d", i, i)
+		if err := s.Client(t).Set(ctx, "r", v, 10*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var attempts atomic.Int32
+	c := newClient(t, cl.Clients(t))
+	retry := redlock.WithRetry(func() backoff.BackOff {
+		return countingRetry{BackOff: backoff.NewConstantBackOff(10 * time.Millisecond), n: &attempts}
+	})
+	actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := c.Acquire(actx, []string{"r"}, time.Second, retry); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("Acquire against a split vote: %v, want ErrNotAcquired", err)
+	}
+	// At the retry policy's pace: about 50 rounds in 500 ms; sleeping
+	// until the keys' expiry (at most 1 s) allows one.
+	if n := attempts.Load(); n < 10 {
+		t.Errorf("%d rounds in 500 ms against a split vote, want the retry policy's pace (10 ms)", n)
+	}
+}
+
+// TestLateGrantOfAFailedAcquireIsDeleted: a grant that a slow node makes
+// after its round was decided, while Acquire still retries, is deleted
+// once Acquire gives up: the undo of each attempt goes to that node after
+// its grant (the key stayed for its whole TTL).
+func TestLateGrantOfAFailedAcquireIsDeleted(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := cl.ProxiedClients(t)
+	proxies[2].SetLatency(60 * time.Millisecond) // slower than the node timeout
+	ctx := context.Background()
+	for _, s := range cl[:2] { // another owner holds nodes 0 and 1
+		if err := s.Client(t).Set(ctx, "r", fmt.Sprintf("%032x-other", 0), 10*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newClient(t, nodes, redlock.WithNodeTimeout(50*time.Millisecond), redlock.WithRetry(fastRetry))
+	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := c.Acquire(actx, []string{"r"}, 10*time.Second); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("Acquire: %v, want ErrNotAcquired", err)
+	}
+	node2 := cl[2].Client(t)
+	for deadline := time.Now().Add(3 * time.Second); node2.Exists(ctx, "r").Val() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node 2 keeps our key 3 s after Acquire gave up (TTL %v)", node2.PTTL(ctx, "r").Val())
+		}
+	}
+}
+
+// TestResourceNamesCannotReachInternalKeys: a resource's counter, holds
+// and the gate marker are keys no resource name can address (a fenced lock
+// on "a" overwrote a live lock on "a:fencing" with its counter, and {"a",
+// "a:holds"} with an owner made every Release fail with WRONGTYPE); names
+// with a NUL byte, the namespace's separator, are rejected.
+func TestResourceNamesCannotReachInternalKeys(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithRestartGating(time.Second))
+	ctx := context.Background()
+	acquire := func(res []string, opts ...redlock.LockOption) *redlock.Lock {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			l, err := c.TryAcquire(ctx, res, time.Second, opts...)
+			if err == nil {
+				return l
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("TryAcquire %q: %v", res, err)
+			}
+		}
+	}
+	plain := acquire([]string{"a:fencing", "redlock:restart-gate"})
+	fenced := acquire([]string{"a"}, redlock.WithFencing(true))
+	reentrant := acquire([]string{"b", "b:holds"}, redlock.WithOwner("o"))
+	for _, l := range []*redlock.Lock{reentrant, fenced, plain} {
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("Release %q: %v", l.Resources(), err)
+		}
+	}
+	for _, bad := range [][]string{{"a\x00fencing"}, {"x\x00"}} {
+		if _, err := c.TryAcquire(ctx, bad, time.Second); !errors.Is(err, redlock.ErrInvalidArgument) {
+			t.Errorf("TryAcquire %q = %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	if _, err := redlock.New(cl.Clients(t), redlock.WithKeyPrefix("p\x00")); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("New with a NUL in the key prefix = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestConcurrentExtendsAfterScriptFlush: with the nodes' script caches
+// empty, two Extends (of two locks) at once both succeed on healthy nodes
+// (one failed with NOSCRIPT).
+func TestConcurrentExtendsAfterScriptFlush(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes)
+	ctx := context.Background()
+	for i := range 10 {
+		var locks []*redlock.Lock
+		for j := range 2 {
+			l, err := c.TryAcquire(ctx, []string{fmt.Sprint("r", i, j)}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks = append(locks, l)
+		}
+		waitSettled(t, c)
+		for _, rdb := range nodes {
+			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		for _, l := range locks {
+			wg.Go(func() {
+				if err := l.Extend(ctx, 10*time.Second); err != nil {
+					t.Errorf("Extend after SCRIPT FLUSH: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+		for _, l := range locks {
+			_ = l.Release(ctx)
+		}
+	}
+}
+
+// TestBadRetryFactoryAndManyResources: a retry factory that returns nil is
+// an error, not a panic; the duplicate check is linear (it was quadratic:
+// 40k names took seconds before any I/O).
+func TestBadRetryFactoryAndManyResources(t *testing.T) {
+	_, nodes := miniNodes(t, 1)
+	c := newClient(t, nodes)
+	ctx := context.Background()
+	_, err := c.Acquire(ctx, []string{"r"}, time.Second, redlock.WithRetry(func() backoff.BackOff { return nil }))
+	if !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("Acquire with a factory returning nil = %v, want ErrInvalidArgument", err)
+	}
+	names := make([]string, 200_000) // quadratic: 2e10 comparisons
+	for i := range names {
+		names[i] = fmt.Sprint("n", i)
+	}
+	names[len(names)-1] = names[0]
+	_, err = c.TryAcquire(ctx, names, time.Second)
+	if !errors.Is(err, redlock.ErrInvalidArgument) || !strings.Contains(err.Error(), `"n0" appears twice`) {
+		t.Errorf("TryAcquire of %d names with a repeat = %v, want ErrInvalidArgument naming n0", len(names), err)
+	}
+}
+
+// TestFrozenNodeDoesNotSlowEveryRetry: with one node frozen, a contended
+// Acquire waits the node timeout for it once; later rounds do not wait for
+// it until it answers again, so the handoff after a release takes about a
+// round trip, not a node timeout (each retry waited the full timeout).
+func TestFrozenNodeDoesNotSlowEveryRetry(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	const nodeTimeout = 2 * time.Second
+	holder := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout))
+	waiter := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout),
+		redlock.WithRetry(func() backoff.BackOff { return backoff.NewConstantBackOff(10 * time.Millisecond) }))
+	ctx := context.Background()
+	l, err := holder.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, holder)
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	got := make(chan time.Time, 1)
+	go func() {
+		wl, err := waiter.Acquire(ctx, []string{"r"}, 10*time.Second)
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+		got <- time.Now()
+		if wl != nil {
+			_ = wl.Release(ctx)
+		}
+	}()
+	time.Sleep(nodeTimeout + 500*time.Millisecond) // the first round has waited for node 2
+	released := time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-got:
+		if d := at.Sub(released); d > nodeTimeout/2 {
+			t.Errorf("handoff took %v with node 2 frozen, want well under the node timeout %v", d, nodeTimeout)
+		}
+	case <-time.After(3 * nodeTimeout):
+		t.Fatal("the waiter never acquired")
+	}
+}
