@@ -167,11 +167,11 @@ func TestHolderUnknownWithAFailedNode(t *testing.T) {
 	}
 	cl[2].Stop(t)
 	defer cl[2].Cont(t)
-	if md, held, err := c.Holder(ctx, "r"); held || !errors.Is(err, redlock.ErrUnavailable) {
+	if md, held, err := c.HolderMetadata(ctx, "r"); held || !errors.Is(err, redlock.ErrUnavailable) {
 		t.Errorf("Holder with node 2 stopped = %q, %v, %v; want ErrUnavailable (node 2 may complete the quorum)", md, held, err)
 	}
 	cl[2].Cont(t)
-	if md, held, err := c.Holder(ctx, "r"); err != nil || !held || md != "a" {
+	if md, held, err := c.HolderMetadata(ctx, "r"); err != nil || !held || md != "a" {
 		t.Errorf("Holder with node 2 back = %q, %v, %v; want a, true, nil", md, held, err)
 	}
 	if err := l.Release(ctx); err != nil {
@@ -179,7 +179,7 @@ func TestHolderUnknownWithAFailedNode(t *testing.T) {
 	}
 	waitSettled(t, c)
 	cl[2].Stop(t)
-	if md, held, err := c.Holder(ctx, "r"); held || err != nil {
+	if md, held, err := c.HolderMetadata(ctx, "r"); held || err != nil {
 		t.Errorf("Holder of a free resource with node 2 stopped = %q, %v, %v; want not held, nil", md, held, err)
 	}
 	cl[2].Cont(t)
@@ -189,7 +189,7 @@ func TestMetadataAndHolder(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
 	ctx := context.Background()
-	if _, held, err := c.Holder(ctx, "r"); held || err != nil {
+	if _, held, err := c.HolderMetadata(ctx, "r"); held || err != nil {
 		t.Fatalf("Holder of a free resource = %v, %v; want not held", held, err)
 	}
 	l, err := c.TryAcquire(ctx, []string{"r"}, 5*time.Second, redlock.WithMetadata("instance-a"))
@@ -199,7 +199,7 @@ func TestMetadataAndHolder(t *testing.T) {
 	if got := l.Metadata(); got != "instance-a" {
 		t.Errorf("Metadata() = %q", got)
 	}
-	md, held, err := c.Holder(ctx, "r")
+	md, held, err := c.HolderMetadata(ctx, "r")
 	if err != nil || !held || md != "instance-a" {
 		t.Errorf("Holder = %q, %v, %v; want instance-a, true, nil", md, held, err)
 	}
@@ -208,7 +208,7 @@ func TestMetadataAndHolder(t *testing.T) {
 	if !errors.As(err, &qerr) {
 		t.Fatalf("contended TryAcquire = %v", err)
 	}
-	if h, ok := qerr.Holder(); !ok || h != "instance-a" {
+	if h, ok := qerr.HolderMetadata(); !ok || h != "instance-a" {
 		t.Errorf("QuorumError.Holder() = %q, %v; want instance-a", h, ok)
 	}
 	if err := l.Release(ctx); err != nil {

@@ -272,7 +272,7 @@ func TestHolderWithFailedNodes(t *testing.T) {
 					ms[i].Close()
 				}
 			}
-			md, held, err := c.Holder(ctx, "r")
+			md, held, err := c.HolderMetadata(ctx, "r")
 			switch {
 			case tc.held && (!held || md != "a" || err != nil):
 				t.Errorf("Holder = %q, %v, %v; want a, true, nil", md, held, err)
@@ -295,7 +295,7 @@ func TestHolderNeedsAQuorum(t *testing.T) {
 		{Outcome: redlock.OutcomeHeld, Holder: "a"},
 		{Outcome: redlock.OutcomePending},
 	}}
-	if h, ok := split.Holder(); ok {
+	if h, ok := split.HolderMetadata(); ok {
 		t.Errorf("Holder() of a split round = %q, true; want no holder", h)
 	}
 	held := &redlock.QuorumError{Op: "acquire", Quorum: 2, Nodes: []redlock.NodeResult{
@@ -303,7 +303,7 @@ func TestHolderNeedsAQuorum(t *testing.T) {
 		{Outcome: redlock.OutcomeOK},
 		{Outcome: redlock.OutcomeHeld, Holder: "b"},
 	}}
-	if h, ok := held.Holder(); !ok || h != "b" {
+	if h, ok := held.HolderMetadata(); !ok || h != "b" {
 		t.Errorf("Holder() = %q, %v; want b, true", h, ok)
 	}
 }

@@ -303,9 +303,8 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 	ctx := context.Background()
 	holder := newClient(t, cl.Clients(t))
 	waiter := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
-	// Load the scripts first: an op that meets NOSCRIPT is re-sent behind
-	// the rest of its batch, so on a lagging node a first release could
-	// run after the next Acquire, which would mark the key (pipeline.go).
+	// Load the scripts first, so that nothing below is re-sent after
+	// NOSCRIPT (internal/node).
 	if l, err := holder.TryAcquire(ctx, []string{"warm-up"}, time.Second); err != nil {
 		t.Fatal(err)
 	} else if err := l.Release(ctx); err != nil {
@@ -335,6 +334,7 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitSettled(t, holder) // the key on every node before the waiter's first round
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	got := acquireAndRelease(wctx, waiter, "r")
@@ -347,7 +347,7 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 		}
 		return true
 	})
-	if md, ok, err := holder.Holder(ctx, "r"); err != nil || !ok || md != "" {
+	if md, ok, err := holder.HolderMetadata(ctx, "r"); err != nil || !ok || md != "" {
 		t.Errorf("Holder() of a marked lock = %q, %v, %v; want \"\", true, nil", md, ok, err)
 	}
 	if err := held.Release(ctx); err != nil {
@@ -388,7 +388,7 @@ func TestHolderIgnoresWaitMarks(t *testing.T) {
 	if err := nodes[2].Del(ctx, "r").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if md, ok, err := c.Holder(ctx, "r"); err != nil || !ok || md != "me" {
+	if md, ok, err := c.HolderMetadata(ctx, "r"); err != nil || !ok || md != "me" {
 		t.Errorf("Holder() = %q, %v, %v; want me, true, nil", md, ok, err)
 	}
 }
