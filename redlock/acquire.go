@@ -120,7 +120,7 @@ func (l *Lock) fail(ctx context.Context, attempts int, last *QuorumError) error 
 // end marks a failed acquisition.
 func (l *Lock) end() {
 	l.mu.Lock()
-	l.state, l.value = stateReleased, ""
+	l.state = stateReleased
 	l.mu.Unlock()
 }
 
@@ -154,13 +154,14 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, waiting bool) *Quo
 	// Undo on every node that may have granted, also where the answer is
 	// missing or an error (step 5); "held" and "gated" answers set nothing.
 	// The undo does not wait: on each node it goes out after this attempt's
-	// acquire (one queue per node, in order), so it also deletes a grant
-	// that comes after the round was decided, and before the next attempt.
+	// acquire (one queue per node, in order, and a cleanup is never
+	// dropped), so it also deletes a grant that comes after the round was
+	// decided, and it goes before the next attempt's acquire.
 	skip := make([]bool, len(rs))
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated
 	}
-	undo := c.releaseSpec(l, "undo", value, aid, "", skip, start.Add(l.ttl))
+	undo := c.releaseSpec(l, "undo", value, aid, "", skip)
 	undo.async = true
 	c.round(ctx, undo)
 	return qerr
@@ -195,9 +196,13 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) ro
 		wait = "1"
 	}
 	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, script: acquireScript, keys: l.keys,
-		args:     []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait},
-		parse:    parseAcquire(value),
-		skipDown: true,
+		args:  []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait},
+		parse: parseAcquire(value),
+		// Retries of a waiting Acquire do not wait for a node that timed
+		// out until it answers again; a first attempt (and TryAcquire,
+		// which a caller may retry through a burst that only slows the
+		// nodes) waits for every node.
+		skipDown: waiting && n > 1,
 	}
 	if !waiting && len(l.keys) == 1 {
 		// A plain one-key lock tried once: SET NX GET does what the script

@@ -74,9 +74,8 @@ const (
 	OutcomeGated
 	// OutcomePending: the round was decided by the other nodes' answers
 	// (a quorum, or so many refusals that a quorum was impossible) before
-	// this node answered. Nothing is wrong with the node; its answer is
-	// handled when it comes (a late grant of a failed acquisition is
-	// deleted).
+	// this node answered. Nothing is wrong with the node; a grant it makes
+	// of a failed acquisition is deleted by the undo that follows it.
 	OutcomePending
 )
 

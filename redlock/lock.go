@@ -284,8 +284,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 // lock (compare-and-delete in one script per node). It returns as soon as
 // the outcome is known: a quorum deleted them, or so many nodes failed or no
 // longer held them that no quorum can (at most the node timeout); the
-// scripts for the other nodes still go out, until the lock's keys would
-// have expired anyway. It runs on a context detached from ctx's
+// scripts for the other nodes still go out when their nodes can take them. It runs on a context detached from ctx's
 // cancellation, so it cleans up even when ctx is already cancelled. It waits
 // for an Extend of the same Lock in progress.
 //
@@ -312,7 +311,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 		return fmt.Errorf("%w: %q was already released", ErrLockLost, l.resources)
 	}
 	notice := c.wake.noticeID(value)
-	rs := c.round(ctx, c.releaseSpec(l, "release", value, aid, notice, nil, until.Add(c.drift(l.TTL()))))
+	rs := c.round(ctx, c.releaseSpec(l, "release", value, aid, notice, nil))
 	ok := count(rs, OutcomeOK)
 	expired := !time.Now().Before(until)
 	switch {
@@ -329,14 +328,13 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 }
 
 // releaseSpec returns a round that runs the release script for one
-// attempt's value: op "release" (Release), "undo" (a failed attempt: its
-// "held" answers are another holder's keys) or "cleanup". notice is the
-// payload of the release notices ("" for none: only Release wakes
-// waiters). The calls go out until sendUntil, the time the keys would
-// expire anyway.
-func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool, sendUntil time.Time) roundSpec {
+// attempt's value: op "release" (Release) or "undo" (a failed attempt: its
+// "held" answers are another holder's keys). notice is the payload of the
+// release notices ("" for none: only Release wakes waiters). Its calls are
+// cleanups (roundSpec.cleanup).
+func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool) roundSpec {
 	return roundSpec{op: op, script: releaseScript, keys: l.ownedKeys(), args: []any{value, aid, notice},
-		parse: parseInt(int64(l.n)), skip: skip, detach: true, sendUntil: sendUntil}
+		parse: parseInt(int64(l.n)), skip: skip, detach: true, cleanup: true}
 }
 
 // parseInt reads a script's integer reply, OK when it equals want, else

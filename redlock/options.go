@@ -139,9 +139,9 @@ func WithKeyPrefix(p string) Option {
 	return clientOption(func(c *config) { c.keyPrefix = p })
 }
 
-// WithLogger sets the logger for background events (late grants cleaned
-// up, failed cleanups, lost locks in Do and Keep). Default: discard; nil
-// means discard. Lock values are never logged.
+// WithLogger sets the logger for background events (failed release-notice
+// subscriptions, lost locks in Do and Keep). Default: discard; nil means
+// discard. Lock values are never logged.
 func WithLogger(l *slog.Logger) Option {
 	return clientOption(func(c *config) { c.logger = l })
 }

@@ -711,8 +711,7 @@ func TestNoScriptLoadsInSteadyState(t *testing.T) {
 	}
 	waitSettled(t, c)
 	// Each cycle sends at most two EVALSHAs per node (Extend, Release)
-	// and a SET for the TryAcquire, fewer on a node whose op was dropped
-	// at its deadline.
+	// and a SET for the TryAcquire.
 	for i, rdb := range nodes {
 		info := rdb.Info(ctx, "commandstats").Val()
 		evals, evalshas, sets := cmdCalls(info, "eval"), cmdCalls(info, "evalsha"), cmdCalls(info, "set")

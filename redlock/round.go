@@ -20,15 +20,13 @@ type roundSpec struct {
 	op      string        // names the round in errors and telemetry
 	attempt int           // acquire rounds: 1-based, for telemetry
 	ttl     time.Duration // acquire rounds: for the validity attribute
-	script  *redis.Script // nil: args is a plain command
-	keys    []string
-	args    []any
-	// setGet, when set, is sent instead of the script to nodes that take
-	// SET NX GET (TryAcquire of a plain lock); a node that rejects it gets
-	// the script from then on.
+	script  *node.Script  // nil: args is a plain command
+	keys    []string      // the script's keys, or those args names
+	args    []any         // the script's arguments, or a plain command
+	// setGet, when set, goes instead of the script to the nodes that take
+	// SET NX GET (TryAcquire of a plain lock).
 	setGet []any
-	// parse reads a reply that is not an error (redis.Nil included) into
-	// an Outcome and its details.
+	// parse reads a reply that is not an error (redis.Nil included).
 	parse func(*redis.Cmd) NodeResult
 	// skip marks nodes not called, counted as OutcomeOK.
 	skip []bool
@@ -38,134 +36,143 @@ type roundSpec struct {
 	// skipDown counts the nodes that are down (peer.down) as failed until
 	// they answer, so that an acquire round does not wait for them.
 	skipDown bool
-	// detach makes the calls ignore the caller's cancellation and
-	// deadline (release and undo rounds clean up also for a caller that
-	// gave up).
+	// detach makes the calls ignore the caller's cancellation and deadline
+	// (release and undo clean up also for a caller that gave up).
 	detach bool
 	// deadline, if earlier than the node timeout, ends the round and drops
 	// its calls not sent by then (extend: never after Until).
 	deadline time.Time
-	// sendUntil, if later than the node timeout, lets the calls go out
-	// until then after the round stopped waiting (cleanups: no key of ours
-	// should stay behind a slow node).
-	sendUntil time.Time
-	// async returns at once, without results: the round's calls go on,
-	// ordered before any later call to the same nodes (undo).
+	// cleanup (release, undo): the calls have no deadline of their own;
+	// each goes out when its node's sender gets to it, however late, so
+	// that it always runs after the acquire it follows on that node (which
+	// go-redis may have delayed: a new connection to dial first). A
+	// delete of our own value is harmless at any time. The round still
+	// waits at most the node timeout.
+	cleanup bool
+	// async returns at once, without results (undo).
 	async bool
 }
 
-// roundState collects the answers of one round.
+// roundState is one round in progress.
 type roundState struct {
+	c       *Client
+	cmd     []any           // the command every node gets (node.Call.Args)
+	ctx     context.Context // the caller's, with the round's span
+	callCtx context.Context // the calls': deadline, detached or not
+	cancel  context.CancelFunc
+	spec    roundSpec
+	start   time.Time
+	span    trace.Span
+
 	mu       sync.Mutex
 	results  []NodeResult
 	counted  []bool // nodes counted as failed until they answer (skipDown)
 	calls    int    // calls sent
 	answered int    // calls answered
-	ok, bad  int    // answers that count for and against a quorum
-	down     int    // nodes counted as failed until they answer (skipDown)
+	ok, bad  int    // answers for and against a quorum
+	down     int    // counted nodes that have not answered
 	decided  bool
 	done     chan struct{} // closed once decided
-	cancel   context.CancelFunc
-	finished func() // async: ends the round after the last answer
 }
 
 // round sends the command to every node at once and returns every node's
 // result, in node order, once the outcome is known (a quorum of OK answers,
 // or so many others that a quorum is impossible), at the node timeout, or
 // when ctx ends (redis.io distlock spec, step 2: a small per-node timeout).
-// Nodes without an answer by then are OutcomePending (the round was
-// decided), OutcomeTimeout (the node timeout passed: the node is down until
-// it answers again) or OutcomeTimeout marked as cut short by ctx.
+// A node without an answer by then is OutcomePending (the round was
+// decided without it), or OutcomeTimeout: the node timeout passed (the node
+// is down until it answers again), or ctx cut the call short (not a
+// failure of the node).
 func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
-	start := time.Now()
-	ctx, span := c.tel.startRound(ctx, spec.op, spec.attempt, len(c.peers), c.quorum)
-	end := start.Add(c.cfg.nodeTimeout)
+	rs := &roundState{c: c, spec: spec, start: time.Now(), results: make([]NodeResult, len(c.peers)),
+		done: make(chan struct{})}
+	rs.ctx, rs.span = c.tel.startRound(ctx, spec.op, spec.attempt, len(c.peers), c.quorum)
+	end := rs.start.Add(c.cfg.nodeTimeout)
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
 	}
-	callCtx := ctx
-	if spec.detach {
-		callCtx = context.WithoutCancel(ctx)
+	switch {
+	case spec.cleanup:
+		rs.callCtx, rs.cancel = context.WithCancel(context.WithoutCancel(rs.ctx))
+	case spec.detach:
+		rs.callCtx, rs.cancel = context.WithDeadline(context.WithoutCancel(rs.ctx), end)
+	default:
+		rs.callCtx, rs.cancel = context.WithDeadline(rs.ctx, end)
 	}
-	rs := &roundState{results: make([]NodeResult, len(c.peers)), done: make(chan struct{})}
-	callCtx, rs.cancel = context.WithDeadline(callCtx, later(end, spec.sendUntil))
-	counted := make([]bool, len(c.peers))
-	rs.counted = counted
-	for i, p := range c.peers {
-		rs.results[i] = NodeResult{Node: i, Addr: p.addr, Outcome: -1}
-		switch {
-		case i < len(spec.skip) && spec.skip[i]:
-			rs.results[i].Outcome = OutcomeOK
-			rs.ok++
-		default:
-			rs.calls++
-			if counted[i] = spec.skipDown && p.down.Load(); counted[i] {
-				rs.down++
-			}
-		}
+	rs.cmd = spec.args
+	if spec.script != nil {
+		rs.cmd = spec.script.Command(spec.keys, spec.args...) // once, for every node
 	}
-	rs.mu.Lock()
-	rs.decide(spec, c.quorum)
-	rs.mu.Unlock()
-	if rs.calls == 0 {
-		rs.cancel()
-	}
+	rs.sendAll()
 	if spec.async {
-		rs.finished = func() {
-			results := rs.finish(c, ctx, spec, start)
-			c.tel.endRound(ctx, span, spec, results, c.quorum, time.Since(start), c)
-		}
-	}
-	for i, p := range c.peers {
-		if rs.results[i].Outcome >= 0 {
-			continue
-		}
-		if err := c.send(callCtx, ctx, spec, rs, p, start, counted[i], spec.setGet != nil && !p.noSetGet.Load()); err != nil {
-			rs.answer(c, spec, p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed}, counted[i])
-		}
-	}
-	if spec.async {
-		if rs.calls == 0 {
-			rs.finished()
-		}
 		return nil
 	}
-
-	timer := time.NewTimer(time.Until(end))
+	// The calls' context ends at the node timeout (or the caller's end),
+	// except for a cleanup's: then a timer does.
+	stop, timeout := rs.callCtx.Done(), (<-chan time.Time)(nil)
+	if spec.cleanup {
+		timer := time.NewTimer(time.Until(end))
+		defer timer.Stop()
+		stop, timeout = nil, timer.C
+	}
 	var callerDone <-chan struct{}
 	if !spec.detach {
 		callerDone = ctx.Done()
 	}
 	select {
 	case <-rs.done:
-	case <-timer.C:
+	case <-stop:
+	case <-timeout:
 	case <-callerDone:
 	}
-	timer.Stop()
-	results := rs.finish(c, ctx, spec, start)
-	c.tel.endRound(ctx, span, spec, results, c.quorum, time.Since(start), c)
-	return results
+	return rs.finish()
 }
 
-// later returns the later of a and b (b may be zero).
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
+// sendAll sends the round's call to every node not skipped.
+func (rs *roundState) sendAll() {
+	for i, p := range rs.c.peers {
+		rs.results[i] = NodeResult{Node: i, Addr: p.addr, Outcome: -1}
+		if i < len(rs.spec.skip) && rs.spec.skip[i] {
+			rs.results[i].Outcome = OutcomeOK
+			rs.ok++
+			continue
+		}
+		rs.calls++
+		if rs.spec.skipDown && p.down.Load() {
+			if rs.counted == nil {
+				rs.counted = make([]bool, len(rs.c.peers))
+			}
+			rs.counted[i] = true
+			rs.down++
+		}
 	}
-	return a
+	rs.mu.Lock()
+	rs.decide()
+	rs.mu.Unlock()
+	if rs.calls == 0 {
+		rs.ended()
+	}
+	for i, p := range rs.c.peers {
+		if rs.results[i].Outcome >= 0 {
+			continue
+		}
+		if err := rs.send(p, rs.spec.setGet != nil && !p.noSetGet.Load()); err != nil {
+			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed})
+		}
+	}
 }
 
 // send queues the round's call for p; plain sends spec.setGet instead of
-// the script. counted says that p is counted as failed until it answers
-// (skipDown). It fails only after Close.
-func (c *Client) send(callCtx, ctx context.Context, spec roundSpec, rs *roundState, p *peer, start time.Time, counted, plain bool) error {
-	call := &node.Call{Ctx: callCtx, Script: spec.script, Keys: spec.keys, Args: spec.args,
-		Reorderable: spec.op == "release" || spec.op == "undo"}
+// the script. It fails only after Close.
+func (rs *roundState) send(p *peer, plain bool) error {
+	spec := rs.spec
+	call := &node.Call{Script: spec.script, Keys: spec.keys, Args: rs.cmd,
+		Reorderable: spec.cleanup}
 	if plain {
 		call.Script, call.Args = nil, spec.setGet
 	}
 	var nspan trace.Span
-	call.Ctx, nspan = c.tel.nodeSpan(callCtx, p, spec.op)
+	call.Ctx, nspan = rs.c.tel.nodeSpan(rs.callCtx, p, spec.op)
 	call.Done = func(cmd *redis.Cmd) {
 		err := cmd.Err()
 		if nspan != nil {
@@ -174,60 +181,56 @@ func (c *Client) send(callCtx, ctx context.Context, spec roundSpec, rs *roundSta
 			}
 			nspan.End()
 		}
-		if plain && redis.HasErrorPrefix(err, "syntax error") {
-			// Redis before 7.0: the script form from now on, and now if
-			// the round is still undecided (once it is, this attempt's
-			// undo may already be queued, and must run after the grant).
-			p.noSetGet.Store(true)
-			rs.mu.Lock()
-			again := errors.New("decided")
-			if !rs.decided {
-				again = c.send(callCtx, ctx, spec, rs, p, start, counted, false)
-			}
-			rs.mu.Unlock()
-			if again == nil {
-				return
-			}
+		if plain && redis.HasErrorPrefix(err, "syntax error") && rs.resend(p) {
+			return
 		}
-		rs.answer(c, spec, p, classify(p, cmd, spec, !spec.detach && ctx.Err() != nil, start), counted)
+		rs.answer(p, rs.classify(p, cmd))
 	}
 	return p.tx.Send(call)
 }
 
-// classify turns p's reply into its NodeResult. cut says that the caller's
-// ctx has ended, so that a call it cut short is not the node's failure.
-func classify(p *peer, cmd *redis.Cmd, spec roundSpec, cut bool, start time.Time) NodeResult {
+// resend handles SET NX GET rejected by a server before 7.0: the node gets
+// the script from now on, and now if the round is undecided (once it is,
+// its caller may queue an undo or Release that the grant must not pass).
+func (rs *roundState) resend(p *peer) bool {
+	p.noSetGet.Store(true)
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return !rs.decided && rs.send(p, false) == nil
+}
+
+// classify turns p's reply into its NodeResult.
+func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 	err := cmd.Err()
+	cut := !rs.spec.detach && rs.ctx.Err() != nil // the caller gave up
 	var r NodeResult
+	var rerr redis.Error
 	switch {
 	case err == nil || err == redis.Nil:
-		r = spec.parse(cmd)
+		r = rs.spec.parse(cmd)
 	case cut && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		r = NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
 	case isTimeout(err):
 		r = NodeResult{Outcome: OutcomeTimeout, Err: err}
+		p.down.Store(true)
 	default:
 		r = NodeResult{Outcome: OutcomeError, Err: err}
 	}
-	var rerr redis.Error
 	if err == nil || err == redis.Nil || errors.As(err, &rerr) {
 		p.down.Store(false) // the node answered
-	} else if r.Outcome == OutcomeTimeout && !r.canceled {
-		p.down.Store(true)
 	}
-	r.Node, r.Addr, r.Latency = p.idx, p.addr, time.Since(start)
+	r.Node, r.Addr, r.Latency = p.idx, p.addr, time.Since(rs.start)
 	return r
 }
 
-// answer records r, p's answer, unless the round was decided before it
-// came.
-func (rs *roundState) answer(c *Client, spec roundSpec, p *peer, r NodeResult, counted bool) {
+// answer records p's answer, unless the round was decided before it came.
+func (rs *roundState) answer(p *peer, r NodeResult) {
 	rs.mu.Lock()
 	rs.answered++
 	last := rs.answered == rs.calls
 	if !rs.decided {
 		rs.results[p.idx] = r
-		if counted {
+		if rs.counted != nil && rs.counted[p.idx] {
 			rs.down--
 		}
 		if r.Outcome == OutcomeOK {
@@ -235,63 +238,70 @@ func (rs *roundState) answer(c *Client, spec roundSpec, p *peer, r NodeResult, c
 		} else {
 			rs.bad++
 		}
-		rs.decide(spec, c.quorum)
+		rs.decide()
 	}
 	rs.mu.Unlock()
 	if last {
-		rs.cancel() // release the calls' context
-		if rs.finished != nil {
-			rs.finished()
-		}
+		rs.ended()
+	}
+}
+
+// ended runs once every call has been answered.
+func (rs *roundState) ended() {
+	rs.cancel()
+	if rs.spec.async {
+		rs.finish()
 	}
 }
 
 // decide closes done once the outcome is known. rs.mu is held.
-func (rs *roundState) decide(spec roundSpec, quorum int) {
-	n := len(rs.results)
-	all := rs.ok+rs.bad == n
-	if rs.decided || !(all || (!spec.waitAll && (rs.ok >= quorum || rs.bad+rs.down > n-quorum))) {
-		return
+func (rs *roundState) decide() {
+	n, q := len(rs.results), rs.c.quorum
+	known := rs.ok+rs.bad == n || (!rs.spec.waitAll && (rs.ok >= q || rs.bad+rs.down > n-q))
+	if known && !rs.decided {
+		rs.decided = true
+		close(rs.done)
 	}
-	rs.decided = true
-	close(rs.done)
 }
 
-// finish ends the round's wait and returns its results, with every node
-// that has not answered marked as described at round.
-func (rs *roundState) finish(c *Client, ctx context.Context, spec roundSpec, start time.Time) []NodeResult {
+// finish ends the round: it marks the nodes that have not answered (see
+// round), records the round's telemetry and returns its results.
+func (rs *roundState) finish() []NodeResult {
 	rs.mu.Lock()
-	defer rs.mu.Unlock()
 	missing, cut := OutcomePending, false
 	var cause error
 	switch {
 	case rs.decided:
-	case !spec.detach && ctx.Err() != nil:
-		missing, cut, cause = OutcomeTimeout, true, context.Cause(ctx)
+	case !rs.spec.detach && rs.ctx.Err() != nil:
+		missing, cut, cause = OutcomeTimeout, true, context.Cause(rs.ctx)
 	default:
-		missing, cause = OutcomeTimeout, fmt.Errorf("no answer within the node timeout %v", c.cfg.nodeTimeout)
+		missing, cause = OutcomeTimeout, fmt.Errorf("no answer within the node timeout %v", rs.c.cfg.nodeTimeout)
 	}
-	rs.decided = true // later answers are not recorded
-	results := make([]NodeResult, len(rs.results))
-	copy(results, rs.results)
+	if !rs.decided {
+		rs.decided = true // answers after this are not recorded
+		close(rs.done)
+	}
+	results := rs.results // no one writes it any more
+	rs.mu.Unlock()
 	for i := range results {
 		r := &results[i]
 		switch {
 		case r.Outcome >= 0:
-		case rs.counted[i] && !cut:
-			r.Outcome, r.Err, r.Latency = OutcomeTimeout, errDown, time.Since(start)
+		case rs.counted != nil && rs.counted[i] && !cut:
+			r.Outcome, r.Err, r.Latency = OutcomeTimeout, errDown, time.Since(rs.start)
 		default:
-			r.Outcome, r.Err, r.Latency, r.canceled = missing, cause, time.Since(start), cut
+			r.Outcome, r.Err, r.Latency, r.canceled = missing, cause, time.Since(rs.start), cut
 			if missing == OutcomeTimeout && !cut {
-				c.peers[i].down.Store(true)
+				rs.c.peers[i].down.Store(true)
 			}
 		}
 	}
+	rs.c.tel.endRound(rs.ctx, rs.span, rs.spec, results, time.Since(rs.start), rs.c)
 	return results
 }
 
-// errDown is the error of a node that the round did not wait for: it has
-// not answered since a call timed out.
+// errDown is the error of a node that a round did not wait for: it has not
+// answered since a call timed out.
 var errDown = errors.New("not awaited: no answer since an earlier call timed out")
 
 // isTimeout reports whether err says that no answer came in time.

@@ -3,12 +3,12 @@ package redlock
 import (
 	_ "embed"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/schedlock/schedlock/redlock/internal/node"
 )
 
 // The Lua scripts, one per operation; each file's header states its
-// contract (keys, arguments, reply). They go out as EVALSHA, and as EVAL
-// when a node answers NOSCRIPT (internal/node). Ownership is the owner
+// contract (keys, arguments, reply). They go out as EVALSHA once a node
+// knows them, else as EVAL (internal/node). Ownership is the owner
 // token, the first 32 bytes of a lock value (keys.go).
 var (
 	//go:embed scripts/acquire.lua
@@ -24,10 +24,10 @@ var (
 	//go:embed scripts/release.lua
 	releaseSrc string
 
-	acquireScript = redis.NewScript(acquireSrc)
-	fenceScript   = redis.NewScript(fenceSrc)
-	noteScript    = redis.NewScript(noteSrc)
-	checkScript   = redis.NewScript(checkSrc)
-	extendScript  = redis.NewScript(extendSrc)
-	releaseScript = redis.NewScript(releaseSrc)
+	acquireScript = node.NewScript(acquireSrc)
+	fenceScript   = node.NewScript(fenceSrc)
+	noteScript    = node.NewScript(noteSrc)
+	checkScript   = node.NewScript(checkSrc)
+	extendScript  = node.NewScript(extendSrc)
+	releaseScript = node.NewScript(releaseSrc)
 )

@@ -35,6 +35,31 @@ var ErrClosed = errors.New("node closed")
 // Idle is how long a sender waits for more calls before it ends.
 const Idle = 100 * time.Millisecond
 
+// Script is a Lua script, known to nodes by its SHA1.
+type Script struct {
+	src, hash string
+}
+
+// NewScript returns the script of source src.
+func NewScript(src string) *Script { return &Script{src: src, hash: redis.NewScript(src).Hash()} }
+
+// Command returns the EVALSHA command that runs s with keys and args.
+func (s *Script) Command(keys []string, args ...any) []any {
+	cmd := make([]any, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, "evalsha", s.hash, len(keys))
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	return append(cmd, args...)
+}
+
+// eval returns cmd, an EVALSHA command of s, as EVAL.
+func (s *Script) eval(cmd []any) []any {
+	e := slices.Clone(cmd)
+	e[0], e[1] = "eval", s.src
+	return e
+}
+
 // Call is one command for the node.
 type Call struct {
 	// Ctx bounds the call: a call whose Ctx has ended when its turn comes
@@ -42,9 +67,12 @@ type Call struct {
 	// ContextTimeoutEnabled on the go-redis client). Its values reach
 	// go-redis hooks when the call goes alone.
 	Ctx context.Context
-	// Script, when set, is sent with Keys and Args; otherwise Args is a
-	// plain command, and Keys are the keys it names (for ordering only).
-	Script *redis.Script
+	// Script, when set, is the script that Args runs: Args is its
+	// EVALSHA command (Script.Command), which the node sends as EVAL until
+	// it knows the script. Otherwise Args is a plain command. Keys are the
+	// keys the command names (for ordering only). Args is only read, so
+	// one slice may serve the calls of several nodes.
+	Script *Script
 	Keys   []string
 	Args   []any
 	// Reorderable says that the call may run after later calls of its
@@ -224,24 +252,21 @@ func (n *Node) send(batch []*Call) {
 
 // sendOne sends c alone with its own ctx (values and all).
 func (n *Node) sendOne(c *Call) *redis.Cmd {
-	if c.Script == nil {
-		return n.rdb.Do(c.Ctx, c.Args...)
-	}
-	cmd := n.script(c.Ctx, n.rdb, c)
-	if n.learn(c, cmd) {
-		cmd = c.Script.Eval(c.Ctx, n.rdb, c.Keys, c.Args...)
+	cmd := n.rdb.Do(c.Ctx, n.command(c)...)
+	if c.Script != nil && n.learn(c, cmd) {
+		cmd = n.rdb.Do(c.Ctx, c.Script.eval(c.Args)...)
 		n.learn(c, cmd)
 	}
 	return cmd
 }
 
-// script sends c's script through s: EVALSHA if the node knows it, else
-// EVAL.
-func (n *Node) script(ctx context.Context, s redis.Scripter, c *Call) *redis.Cmd {
-	if n.known[c.Script.Hash()] {
-		return c.Script.EvalSha(ctx, s, c.Keys, c.Args...)
+// command returns c's command: a script as EVALSHA if the node knows it,
+// else as EVAL.
+func (n *Node) command(c *Call) []any {
+	if c.Script == nil || n.known[c.Script.hash] {
+		return c.Args
 	}
-	return c.Script.Eval(ctx, s, c.Keys, c.Args...)
+	return c.Script.eval(c.Args)
 }
 
 // learn records from reply whether the node knows c's script, and reports
@@ -251,10 +276,10 @@ func (n *Node) learn(c *Call, reply *redis.Cmd) (noscript bool) {
 	var rerr redis.Error
 	switch {
 	case redis.HasErrorPrefix(err, "NOSCRIPT"):
-		delete(n.known, c.Script.Hash())
+		delete(n.known, c.Script.hash)
 		return true
 	case err == nil || errors.As(err, &rerr):
-		n.known[c.Script.Hash()] = true // it ran (a script error is an answer too)
+		n.known[c.Script.hash] = true // it ran (a script error is an answer too)
 	}
 	return false
 }
@@ -281,12 +306,7 @@ func (n *Node) batchContext(batch []*Call, live []int) (context.Context, context
 func (n *Node) sendPipeline(ctx context.Context, batch []*Call, live []int, replies []*redis.Cmd) {
 	pipe := n.rdb.Pipeline()
 	for _, i := range live {
-		c := batch[i]
-		if c.Script != nil {
-			replies[i] = n.script(ctx, pipe, c)
-		} else {
-			replies[i] = pipe.Do(ctx, c.Args...)
-		}
+		replies[i] = pipe.Do(ctx, n.command(batch[i])...)
 	}
 	_, _ = pipe.Exec(ctx)
 	var again []int
@@ -301,8 +321,7 @@ func (n *Node) sendPipeline(ctx context.Context, batch []*Call, live []int, repl
 	}
 	pipe = n.rdb.Pipeline()
 	for _, i := range again {
-		c := batch[i]
-		replies[i] = c.Script.Eval(ctx, pipe, c.Keys, c.Args...)
+		replies[i] = pipe.Do(ctx, batch[i].Script.eval(batch[i].Args)...)
 	}
 	_, _ = pipe.Exec(ctx)
 	for _, i := range again {
