@@ -152,51 +152,64 @@ func (rs *roundState) sendAll() {
 	if rs.calls == 0 {
 		rs.ended()
 	}
+	calls := make([]nodeCall, len(rs.c.peers))
 	for i, p := range rs.c.peers {
 		if rs.results[i].Outcome >= 0 {
 			continue
 		}
-		if err := rs.send(p, rs.spec.setGet != nil && !p.noSetGet.Load()); err != nil {
+		if err := rs.send(&calls[i], p, rs.spec.setGet != nil && !p.noSetGet.Load()); err != nil {
 			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed})
 		}
 	}
 }
 
-// send queues the round's call for p; plain sends spec.setGet instead of
-// the script. It fails only after Close.
-func (rs *roundState) send(p *peer, plain bool) error {
+// nodeCall is one node's call in a round, with what its reply needs.
+type nodeCall struct {
+	node.Call
+	rs    *roundState
+	p     *peer
+	plain bool       // spec.setGet rather than the script
+	span  trace.Span // WithNodeSpans, or nil
+}
+
+// send queues the round's call for p, in its slot of calls; plain sends
+// spec.setGet instead of the script. It fails only after Close.
+func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	spec := rs.spec
-	call := &node.Call{Script: spec.script, Keys: spec.keys, Args: rs.cmd,
-		Reorderable: spec.cleanup}
+	*nc = nodeCall{Call: node.Call{Script: spec.script, Keys: spec.keys, Args: rs.cmd, Reorderable: spec.cleanup,
+		Done: reply}, rs: rs, p: p, plain: plain}
 	if plain {
-		call.Script, call.Args = nil, spec.setGet
+		nc.Script, nc.Args = nil, spec.setGet
 	}
-	var nspan trace.Span
-	call.Ctx, nspan = rs.c.tel.nodeSpan(rs.callCtx, p, spec.op)
-	call.Done = func(cmd *redis.Cmd) {
-		err := cmd.Err()
-		if nspan != nil {
-			if err != nil && err != redis.Nil {
-				nspan.SetStatus(codes.Error, err.Error())
-			}
-			nspan.End()
+	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, spec.op)
+	nc.Owner = nc
+	return p.tx.Send(&nc.Call)
+}
+
+// reply handles a node's reply to a round's call (node.Call.Done).
+func reply(c *node.Call, cmd *redis.Cmd) {
+	nc := c.Owner.(*nodeCall)
+	err := cmd.Err()
+	if nc.span != nil {
+		if err != nil && err != redis.Nil {
+			nc.span.SetStatus(codes.Error, err.Error())
 		}
-		if plain && redis.HasErrorPrefix(err, "syntax error") && rs.resend(p) {
-			return
-		}
-		rs.answer(p, rs.classify(p, cmd))
+		nc.span.End()
 	}
-	return p.tx.Send(call)
+	if nc.plain && err != nil && err != redis.Nil && redis.HasErrorPrefix(err, "syntax error") && nc.rs.resend(nc) {
+		return
+	}
+	nc.rs.answer(nc.p, nc.rs.classify(nc.p, cmd))
 }
 
 // resend handles SET NX GET rejected by a server before 7.0: the node gets
 // the script from now on, and now if the round is undecided (once it is,
 // its caller may queue an undo or Release that the grant must not pass).
-func (rs *roundState) resend(p *peer) bool {
-	p.noSetGet.Store(true)
+func (rs *roundState) resend(nc *nodeCall) bool {
+	nc.p.noSetGet.Store(true)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return !rs.decided && rs.send(p, false) == nil
+	return !rs.decided && rs.send(new(nodeCall), nc.p, false) == nil
 }
 
 // classify turns p's reply into its NodeResult.
@@ -204,7 +217,6 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 	err := cmd.Err()
 	cut := !rs.spec.detach && rs.ctx.Err() != nil // the caller gave up
 	var r NodeResult
-	var rerr redis.Error
 	switch {
 	case err == nil || err == redis.Nil:
 		r = rs.spec.parse(cmd)
@@ -216,7 +228,7 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 	default:
 		r = NodeResult{Outcome: OutcomeError, Err: err}
 	}
-	if err == nil || err == redis.Nil || errors.As(err, &rerr) {
+	if err == nil || node.IsReply(err) {
 		p.down.Store(false) // the node answered
 	}
 	r.Node, r.Addr, r.Latency = p.idx, p.addr, time.Since(rs.start)

@@ -95,9 +95,12 @@ func newTelemetry(cfg config) (*telemetry, error) {
 	return t, errors.Join(append(errs, err)...)
 }
 
+// internal is the kind of operation and round spans.
+var internal = trace.WithSpanKind(trace.SpanKindInternal)
+
 // startOp starts an operation span.
 func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
-	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.tracer.Start(ctx, name, internal)
 	if span.IsRecording() {
 		if !t.hideResources {
 			span.SetAttributes(tracing.Resources.StringSlice(resources))
@@ -112,6 +115,10 @@ func (t *telemetry) startOp(ctx context.Context, name string, resources []string
 // endOp ends an operation span with the outcome of err: contention leaves
 // the status unset, real failures set status Error and error.type.
 func endOp(span trace.Span, err error) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	outcome, errType := classifyErr(err)
 	span.SetAttributes(tracing.Outcome.String(outcome))
 	if errType != "" {
@@ -124,7 +131,6 @@ func endOp(span trace.Span, err error) {
 // classifyErr maps an operation's error to an outcome and, for real
 // failures, an error.type.
 func classifyErr(err error) (outcome, errType string) {
-	var qerr *QuorumError
 	switch {
 	case err == nil:
 		return tracing.OutcomeGranted, ""
@@ -136,12 +142,19 @@ func classifyErr(err error) (outcome, errType string) {
 		return tracing.OutcomeUnavailable, tracing.ErrorTypeUnavailable
 	case errors.Is(err, ErrLockLost):
 		return tracing.OutcomeLost, tracing.ErrorTypeLockLost
-	case errors.As(err, &qerr) && qerr.validity != 0:
+	case weakGrant(err):
 		return tracing.OutcomeWeak, ""
 	case errors.Is(err, ErrNotAcquired):
 		return tracing.OutcomeContended, ""
 	}
 	return "error", tracing.ErrorTypeOther
+}
+
+// weakGrant reports whether err is an acquisition refused for too little
+// validity.
+func weakGrant(err error) bool {
+	var qerr *QuorumError
+	return errors.As(err, &qerr) && qerr.validity != 0
 }
 
 // endAcquire records an Acquire or TryAcquire call's outcome.
@@ -150,9 +163,11 @@ func (t *telemetry) endAcquire(ctx context.Context, span trace.Span, start time.
 		outcome, _ := classifyErr(err)
 		t.acquireDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(tracing.Outcome.String(outcome)))
 	}
-	span.SetAttributes(tracing.Attempts.Int(attempts))
-	if err == nil && l.cfg.fencing {
-		span.SetAttributes(tracing.FencingToken.Int64(int64(l.FencingToken())))
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Attempts.Int(attempts))
+		if err == nil && l.cfg.fencing {
+			span.SetAttributes(tracing.FencingToken.Int64(int64(l.FencingToken())))
+		}
 	}
 	endOp(span, err)
 }
@@ -181,7 +196,7 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
 		return ctx, parent
 	}
-	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, trace.WithSpanKind(trace.SpanKindInternal),
+	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, internal,
 		trace.WithAttributes(tracing.RoundOp.String(op), tracing.Nodes.Int(nodes), tracing.Quorum.Int(quorum)))
 	if attempt > 0 {
 		span.SetAttributes(tracing.RoundAttempt.Int(attempt))

@@ -79,9 +79,11 @@ type Call struct {
 	// batch on the same keys (a compare-and-delete of the caller's own
 	// value): it is sent again after NOSCRIPT whatever follows it.
 	Reorderable bool
-	// Done receives the reply, once, on the node's sender goroutine; it
-	// must not block. It may call Send.
-	Done func(*redis.Cmd)
+	// Done receives the call and its reply, once, on the node's sender
+	// goroutine; it must not block. It may call Send.
+	Done func(c *Call, reply *redis.Cmd)
+	// Owner is the caller's, for Done.
+	Owner any
 }
 
 // Node is the transport to one Redis node. Its methods are safe for
@@ -135,7 +137,7 @@ func (n *Node) Send(c *Call) error {
 // dropped, or when ctx ends (with ctx's cause).
 func (n *Node) Flush(ctx context.Context) error {
 	done := make(chan struct{})
-	if err := n.Send(&Call{Ctx: context.Background(), Done: func(*redis.Cmd) { close(done) }}); err != nil {
+	if err := n.Send(&Call{Ctx: context.Background(), Done: func(*Call, *redis.Cmd) { close(done) }}); err != nil {
 		return nil // closed: nothing is queued any more once Close returned
 	}
 	select {
@@ -246,7 +248,7 @@ func (n *Node) send(batch []*Call) {
 		cancel()
 	}
 	for i, c := range batch {
-		c.Done(replies[i])
+		c.Done(c, replies[i])
 	}
 }
 
@@ -272,16 +274,28 @@ func (n *Node) command(c *Call) []any {
 // learn records from reply whether the node knows c's script, and reports
 // whether the reply is NOSCRIPT.
 func (n *Node) learn(c *Call, reply *redis.Cmd) (noscript bool) {
-	err := reply.Err()
-	var rerr redis.Error
-	switch {
-	case redis.HasErrorPrefix(err, "NOSCRIPT"):
-		delete(n.known, c.Script.hash)
-		return true
-	case err == nil || errors.As(err, &rerr):
+	switch err := reply.Err(); {
+	case err == nil || IsReply(err):
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			delete(n.known, c.Script.hash)
+			return true
+		}
 		n.known[c.Script.hash] = true // it ran (a script error is an answer too)
 	}
 	return false
+}
+
+// IsReply reports whether err, a command's error, is a reply of the node
+// (an error reply, or redis.Nil), not a failure to reach it.
+func IsReply(err error) bool {
+	switch err {
+	case nil:
+		return false
+	case redis.Nil:
+		return true
+	}
+	var rerr redis.Error
+	return errors.As(err, &rerr)
 }
 
 // batchContext returns the context of a pipeline of the live calls: the
