@@ -340,33 +340,8 @@ func (w *waker) subscribe(p *peer, s *subscriber) {
 	received := make(chan struct{})
 	have := map[string]bool{}
 	ctx := context.Background()
-	for running := true; running; {
-		select {
-		case <-s.stop:
-			running = false
-			continue
-		case <-s.kick:
-		}
-		w.mu.Lock()
-		if len(w.keys) == 0 {
-			if w.subs[p.idx] == s {
-				w.subs[p.idx] = nil // a later watch starts a new subscriber
-			}
-			w.mu.Unlock()
-			break
-		}
-		var add, drop []string
-		for ch := range w.keys {
-			if !have[ch] {
-				add = append(add, ch)
-			}
-		}
-		for ch := range have {
-			if w.keys[ch] == nil {
-				drop = append(drop, ch)
-			}
-		}
-		w.mu.Unlock()
+	for w.next(p, s) {
+		add, drop := w.diff(have)
 		switch {
 		case ps == nil && len(add) > 0:
 			ps = p.rdb.Subscribe(ctx, add...) // with a channel: a Ring needs one to pick a shard
@@ -377,17 +352,47 @@ func (w *waker) subscribe(p *peer, s *subscriber) {
 		if len(drop) > 0 && ps != nil {
 			_ = ps.Unsubscribe(ctx, drop...)
 		}
-		for _, ch := range add {
-			have[ch] = true
-		}
-		for _, ch := range drop {
-			delete(have, ch)
-		}
 	}
 	if ps != nil {
 		_ = ps.Close()
 		<-received
 	}
+}
+
+// next waits for a change of the wanted channels and reports whether s
+// goes on: false once the waker closes or no channel is wanted.
+func (w *waker) next(p *peer, s *subscriber) bool {
+	select {
+	case <-s.stop:
+		return false
+	case <-s.kick:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.keys) == 0 && w.subs[p.idx] == s {
+		w.subs[p.idx] = nil // a later watch starts a new subscriber
+	}
+	return len(w.keys) > 0
+}
+
+// diff returns the channels wanted but not in have and those in have no
+// longer wanted, and updates have.
+func (w *waker) diff(have map[string]bool) (add, drop []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.keys {
+		if !have[ch] {
+			add = append(add, ch)
+			have[ch] = true
+		}
+	}
+	for ch := range have {
+		if w.keys[ch] == nil {
+			drop = append(drop, ch)
+			delete(have, ch)
+		}
+	}
+	return add, drop
 }
 
 // receive delivers p's release notices and subscription confirmations

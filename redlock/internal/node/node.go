@@ -13,9 +13,9 @@
 // Scripts: a script goes as EVAL until the node has run it once, then as
 // EVALSHA. A NOSCRIPT reply (the node restarted or flushed its scripts) is
 // handled here only: the call goes again as EVAL, after the rest of its
-// batch, unless a later call of the batch names one of its keys and the
-// call is not Reorderable; then it keeps the NOSCRIPT error, since running
-// it after that later call could change the outcome.
+// batch, unless a later call of the batch that ran names one of its keys and
+// the call is not Reorderable; then it keeps the NOSCRIPT error, since
+// running it after that later call could change the outcome.
 package node
 
 import (
@@ -323,10 +323,13 @@ func (n *Node) sendPipeline(ctx context.Context, batch []*Call, live []int, repl
 		replies[i] = pipe.Do(ctx, n.command(batch[i])...)
 	}
 	_, _ = pipe.Exec(ctx)
+	noscript := make([]bool, len(batch))
+	for _, i := range live {
+		noscript[i] = batch[i].Script != nil && n.learn(batch[i], replies[i])
+	}
 	var again []int
 	for j, i := range live {
-		c := batch[i]
-		if c.Script != nil && n.learn(c, replies[i]) && c.Ctx.Err() == nil && (c.Reorderable || !sharesKey(c, batch, live[j+1:])) {
+		if noscript[i] && batch[i].Ctx.Err() == nil && (batch[i].Reorderable || !passes(batch, live[j+1:], noscript, i)) {
 			again = append(again, i)
 		}
 	}
@@ -343,12 +346,12 @@ func (n *Node) sendPipeline(ctx context.Context, batch []*Call, live []int, repl
 	}
 }
 
-// sharesKey reports whether a call of batch at the indexes later names one
-// of c's keys.
-func sharesKey(c *Call, batch []*Call, later []int) bool {
-	for _, i := range later {
-		for _, k := range batch[i].Keys {
-			if slices.Contains(c.Keys, k) {
+// passes reports whether batch[i], sent again, would pass a call of
+// later that ran (not NOSCRIPT) and names one of its keys.
+func passes(batch []*Call, later []int, noscript []bool, i int) bool {
+	for _, j := range later {
+		for _, k := range batch[j].Keys {
+			if !noscript[j] && slices.Contains(batch[i].Keys, k) {
 				return true
 			}
 		}
