@@ -162,3 +162,29 @@ func TestShutdownDuringLockIsNotUnavailable(t *testing.T) {
 		t.Fatal("the job ran: the Shutdown did not come during its Lock")
 	}
 }
+
+// TestLockTimeoutWithSlowNodesIsUnavailable: a Lock whose lock timeout
+// ends before any quorum answered, on nodes slower than that, reports
+// redlock.ErrUnavailable (the nodes are too slow to take the tick), not a
+// cancellation and not ErrStopped.
+func TestLockTimeoutWithSlowNodesIsUnavailable(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := cl.ProxiedClients(t)
+	for _, p := range proxies {
+		p.SetLatency(100 * time.Millisecond)
+	}
+	c, err := redlock.New(nodes, redlock.WithNodeTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	locker, err := scheduler.NewLocker(c, scheduler.WithLockTimeout(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = locker.Lock(context.Background(), "job")
+	if !errors.Is(err, redlock.ErrUnavailable) || errors.Is(err, scheduler.ErrStopped) {
+		t.Errorf("Lock past its lock timeout on slow nodes = %v; want ErrUnavailable, not ErrStopped", err)
+	}
+}

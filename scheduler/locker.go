@@ -244,7 +244,9 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 // When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
 // StopJobs) ends, take returns an error that matches ctx's cause and never
 // redlock.ErrUnavailable: the nodes did not fail. When the lock timeout
-// ends, it returns the error of the last round that ran to its end.
+// ends, it returns the error of the last round that ran to its end, or,
+// when the first round had not ended yet, an error matching
+// redlock.ErrUnavailable: no quorum answered within the lock timeout.
 func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Duration, held func() bool) (*redlock.Lock, error) {
 	unavailable := 0
 	var last error // of the last round that lctx did not cut short
@@ -257,6 +259,8 @@ func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Durat
 			return nil, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx))
 		case lctx.Err() != nil && last != nil:
 			return nil, last
+		case lctx.Err() != nil:
+			return nil, fmt.Errorf("%w: no quorum answered within the lock timeout %v: %w", redlock.ErrUnavailable, l.cfg.lockTimeout, err)
 		}
 		last = err
 		var qerr *redlock.QuorumError
