@@ -33,12 +33,13 @@ type Lock struct {
 	op sync.Mutex
 
 	// mu guards the fields below; it is never held during I/O. Writers:
-	// attempt (pending -> held, value, aid), end (-> released), Extend
-	// (until, ttl; -> lost), Release (-> released), lose (-> lost).
+	// nextAttempt (value, aid), attempt (pending -> held), end (->
+	// released), Extend (until, ttl; -> lost), Release (-> released), lose
+	// (-> lost).
 	mu      sync.Mutex
 	state   lockState
-	value   string // the current attempt's value; "" between attempts
-	aid     string // the current attempt's acquisition ID (reentrant)
+	value   string // the last attempt's value: the held lock's once held
+	aid     string // the last attempt's acquisition ID (reentrant)
 	ttl     time.Duration
 	until   time.Time
 	granted time.Time
