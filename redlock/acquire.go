@@ -44,6 +44,10 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	defer w.stop()
 	var last *QuorumError
 	for attempts = 1; ; attempts++ {
+		if c.closed.Load() {
+			l.end()
+			return nil, fmt.Errorf("%w after %d attempts: %w", ErrNotAcquired, attempts-1, ErrClosed)
+		}
 		w.beforeAttempt()
 		q := c.attempt(ctx, l, attempts, !c.cfg.noWake)
 		if q == nil {

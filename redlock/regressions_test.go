@@ -347,3 +347,41 @@ func TestFrozenNodeDoesNotSlowEveryRetry(t *testing.T) {
 		t.Fatal("the waiter never acquired")
 	}
 }
+
+// TestCloseEndsAWaitingAcquire: an Acquire that waits for a holder when
+// the Client closes returns ErrClosed at its next attempt, and Close
+// returns once the Client's goroutines have ended.
+func TestCloseEndsAWaitingAcquire(t *testing.T) {
+	_, nodes := miniNodes(t, 3)
+	holder := newClient(t, nodes)
+	c, err := redlock.New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := holder.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	got := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, []string{"r"}, 10*time.Second)
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // it waits
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, redlock.ErrClosed) || !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Errorf("waiting Acquire after Close = %v, want ErrNotAcquired and ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting Acquire did not return after Close")
+	}
+	if _, err := c.TryAcquire(ctx, []string{"s"}, time.Second); !errors.Is(err, redlock.ErrClosed) {
+		t.Errorf("TryAcquire after Close = %v, want ErrClosed", err)
+	}
+}
