@@ -238,11 +238,15 @@ func (c *Client) checkTTL(ttl time.Duration) error {
 // Errors: a *QuorumError matching ErrUnavailable when the nodes that failed
 // leave the answer unknown: counted as holding it, they would complete a
 // quorum for the lock that most answering nodes hold (or, with none, they
-// are a quorum themselves); ErrInvalidArgument for an empty resource.
+// are a quorum themselves); ErrInvalidArgument for an empty resource;
+// ErrClosed after Close.
 // Safe for concurrent use.
 func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata string, held bool, err error) {
 	if err := c.checkResources([]string{resource}); err != nil {
 		return "", false, err
+	}
+	if c.closed.Load() {
+		return "", false, fmt.Errorf("redlock: holder %q: %w", resource, ErrClosed)
 	}
 	rs := c.round(ctx, roundSpec{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
 		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet, waitAll: true})

@@ -159,13 +159,17 @@ type QuorumError struct {
 // impossible, or always with unknown (failed nodes left the outcome
 // unknown). The results are copied.
 func newQuorumError(op string, resources []string, quorum int, rs []NodeResult, unknown bool, sentinels ...error) *QuorumError {
-	failed := 0
+	failed, closed := 0, false
 	for _, r := range rs {
 		if r.failed() {
 			failed++
 		}
+		closed = closed || r.Err == ErrClosed
 	}
-	if unknown || failed > len(rs)-quorum {
+	switch {
+	case closed: // Close refused the calls: not the nodes' failure
+		sentinels = append(sentinels, ErrClosed)
+	case unknown || failed > len(rs)-quorum:
 		sentinels = append(sentinels, ErrUnavailable)
 	}
 	nodes := slices.Clone(rs)

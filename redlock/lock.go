@@ -230,11 +230,15 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // Acquire (the TTL's range and the restart gate). Concurrent Extend and
 // Release calls on one Lock run one after the other.
 //
-// Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrLockLost when
-// Until has passed, the lock was released, or too many nodes no longer hold
-// it; otherwise a *QuorumError matching ErrUnavailable (nodes failed, so no
-// quorum confirmed the extension): the lock then stays valid until its
-// unchanged Until. Bounded by the node timeout; ctx can end it sooner.
+// Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
+// Client.Close; ErrLockLost when Until has passed, the lock was released,
+// or too many nodes no longer hold it; ctx's cause (with the round's
+// *QuorumError) when ctx ended first; otherwise a *QuorumError matching
+// ErrUnavailable (nodes failed, so no quorum confirmed the extension). In
+// the last two cases the lock stays valid until Until, which such an
+// Extend moves earlier to its own start + ttl - drift when that is
+// earlier (its scripts may have run where no answer came). Bounded by the
+// node timeout; ctx can end it sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend on a nil *Lock")
@@ -244,6 +248,9 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	defer func() { c.tel.endExtend(ctx, span, err) }()
 	if err := c.checkTTL(ttl); err != nil {
 		return err
+	}
+	if c.closed.Load() {
+		return fmt.Errorf("redlock: extend %q: %w", l.resources, ErrClosed)
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
@@ -273,12 +280,22 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	case count(rs, OutcomeHeld) > len(rs)-c.quorum:
 		l.setStateLocked(ctx, stateLost)
 		return newQuorumError("extend", l.resources, c.quorum, rs, false, ErrLockLost)
+	}
+	// Not confirmed, not lost for sure: the scripts may still have run on
+	// the nodes that did not answer, so a shorter TTL may hold there now.
+	if u := start.Add(ttl - c.drift(ttl)); u.Before(l.until) {
+		l.until = u
+	}
+	switch {
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
 		return fmt.Errorf("%w: %q: its validity ended before a quorum confirmed the extension: %w",
 			ErrLockLost, l.resources, newQuorumError("extend", l.resources, c.quorum, rs, true))
+	case ctx.Err() != nil: // the caller gave up: not the nodes' failure
+		return fmt.Errorf("redlock: extend %q: %w (%w)", l.resources, context.Cause(ctx),
+			newQuorumError("extend", l.resources, c.quorum, rs, false))
 	}
-	return newQuorumError("extend", l.resources, c.quorum, rs, true) // nodes failed: not lost for sure
+	return newQuorumError("extend", l.resources, c.quorum, rs, true) // nodes failed
 }
 
 // Release deletes the lock's keys on every node where they still hold this
@@ -290,7 +307,8 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 // for an Extend of the same Lock in progress.
 //
 // It returns nil when a quorum confirmed the deletion within the validity.
-// Errors: ErrInvalidArgument for a nil Lock; ErrLockLost when the lock was
+// Errors: ErrInvalidArgument for a nil Lock; ErrClosed after Client.Close
+// (nothing is sent; the Lock stays as it was); ErrLockLost when the lock was
 // already released (a plain error: nothing is sent), its validity had
 // ended, or too many nodes no longer held it (its keys are deleted anyway);
 // otherwise a *QuorumError matching ErrUnavailable (nodes failed, so no
@@ -302,6 +320,9 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanRelease, l.resources, 0)
 	defer func() { endOp(span, err) }()
+	if c.closed.Load() {
+		return fmt.Errorf("redlock: release %q: %w (its keys expire with their TTL)", l.resources, ErrClosed)
+	}
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.mu.Lock()

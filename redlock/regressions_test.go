@@ -385,3 +385,78 @@ func TestCloseEndsAWaitingAcquire(t *testing.T) {
 		t.Errorf("TryAcquire after Close = %v, want ErrClosed", err)
 	}
 }
+
+// TestFailedShorteningExtendLowersUntil: an Extend to a shorter TTL whose
+// round failed (no answer in time, or the caller's ctx ended) may still
+// have run on the nodes; Until then moves to that Extend's own start + TTL
+// - drift, so no other Client can hold the resource before Until (it stayed
+// at the old Until, 9 s ahead of the keys). Found by an adversarial review.
+func TestFailedShorteningExtendLowersUntil(t *testing.T) {
+	for _, how := range []string{"node timeout", "ctx deadline"} {
+		t.Run(how, func(t *testing.T) {
+			cl := redlocktest.Start(t, 3)
+			nodes, proxies := cl.ProxiedClients(t)
+			a := newClient(t, nodes)
+			b := newClient(t, cl.Clients(t))
+			ctx := context.Background()
+			l, err := a.Acquire(ctx, []string{"r"}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ectx, cancel := context.WithCancel(ctx)
+			if how == "node timeout" {
+				for _, p := range proxies {
+					p.SetLatencyIn(redlocktest.ClientToNode, 150*time.Millisecond)
+				}
+			} else {
+				for _, p := range proxies {
+					p.SetLatencyIn(redlocktest.ClientToNode, 40*time.Millisecond)
+				}
+				ectx, cancel = context.WithTimeout(ctx, 15*time.Millisecond)
+			}
+			err = l.Extend(ectx, 300*time.Millisecond)
+			cancel()
+			if err == nil {
+				t.Fatal("Extend succeeded: the test tests nothing")
+			}
+			if how == "ctx deadline" && (errors.Is(err, redlock.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded)) {
+				t.Errorf("Extend cut short by its ctx on healthy nodes = %v; want the ctx's cause, not ErrUnavailable", err)
+			}
+			if left := time.Until(l.Until()); left > 300*time.Millisecond {
+				t.Errorf("Until is %v away after a failed Extend to 300ms, want at most 300ms", left.Round(time.Millisecond))
+			}
+			time.Sleep(700 * time.Millisecond) // the short TTL has run out on the nodes
+			if l2, err := b.TryAcquire(ctx, []string{"r"}, 5*time.Second); err == nil {
+				if time.Now().Before(l.Until()) {
+					t.Errorf("exclusion broken: another Client holds r while Until is %v ahead", time.Until(l.Until()).Round(time.Millisecond))
+				}
+				_ = l2.Release(ctx)
+			}
+		})
+	}
+}
+
+// TestCallsAfterCloseAreErrClosed: Extend, Release and HolderMetadata on
+// a closed Client fail with ErrClosed, not with an error that reads as
+// "Redis down" (found by an adversarial review).
+func TestCallsAfterCloseAreErrClosed(t *testing.T) {
+	_, nodes := miniNodes(t, 3)
+	c, err := redlock.New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, []string{"r"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, _, herr := c.HolderMetadata(ctx, "r")
+	for name, err := range map[string]error{"Extend": l.Extend(ctx, 5*time.Second), "HolderMetadata": herr, "Release": l.Release(ctx)} {
+		if !errors.Is(err, redlock.ErrClosed) || errors.Is(err, redlock.ErrUnavailable) {
+			t.Errorf("%s after Close = %v; want ErrClosed, not ErrUnavailable", name, err)
+		}
+	}
+}

@@ -158,7 +158,7 @@ func (rs *roundState) sendAll() {
 			continue
 		}
 		if err := rs.send(&calls[i], p, rs.spec.setGet != nil && !p.noSetGet.Load()); err != nil {
-			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed})
+			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed, canceled: true})
 		}
 	}
 }
