@@ -188,3 +188,54 @@ func TestLockTimeoutWithSlowNodesIsUnavailable(t *testing.T) {
 		t.Errorf("Lock past its lock timeout on slow nodes = %v; want ErrUnavailable, not ErrStopped", err)
 	}
 }
+
+// TestOutageReportsEveryTick: with 2 of 3 nodes down (refusing
+// connections), every tick of a per-second job reaches AfterLockError
+// with ErrUnavailable (only about half did: Lock retried for the whole
+// 1 s lock timeout, and gocron skipped the next tick without calling
+// Lock), and after the nodes come back the next ticks run.
+func TestOutageReportsEveryTick(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	c, err := redlock.New(cl.Clients(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	var mu sync.Mutex
+	var lockErrs []error
+	runs := 0
+	s, err := scheduler.New(c, scheduler.WithGocronOptions(gocron.WithGlobalJobOptions(gocron.WithEventListeners(
+		gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) { mu.Lock(); lockErrs = append(lockErrs, err); mu.Unlock() })))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() { mu.Lock(); runs++; mu.Unlock() }),
+		gocron.WithName("job")); err != nil {
+		t.Fatal(err)
+	}
+	cl[1].Kill(t)
+	cl[2].Kill(t)
+	s.Start()
+	t.Cleanup(func() { _ = s.Shutdown() })
+	time.Sleep(4700 * time.Millisecond) // 4 ticks at least, each reported within half a second
+	mu.Lock()
+	reported, ranDuring := len(lockErrs), runs
+	for _, err := range lockErrs {
+		if !errors.Is(err, redlock.ErrUnavailable) {
+			t.Errorf("AfterLockError during the outage: %v, want ErrUnavailable", err)
+		}
+	}
+	mu.Unlock()
+	if ranDuring != 0 || reported < 4 {
+		t.Errorf("during a 4.7 s outage: %d runs and %d reported skips; want 0 runs and a report for each of the 4 ticks at least", ranDuring, reported)
+	}
+	cl[1].Restart(t)
+	cl[2].Restart(t)
+	time.Sleep(2500 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if runs == 0 {
+		t.Errorf("no run in the 2.5 s after the nodes came back; lock errors since: %v", lockErrs[reported:])
+	}
+}

@@ -158,14 +158,26 @@ func checkName(name string) error {
 // resolution. A timer that fires up to r/4 early or 3r/4 late still maps to
 // its own tick.
 func (l *Locker) Tick(job string) time.Time {
-	l.mu.Lock()
-	r, ok := l.resolutions[job]
-	l.mu.Unlock()
-	every := l.cfg.resolution
-	if ok {
-		every = r.every
-	}
+	every := l.every(job)
 	return l.cfg.clock.Now().Add(every / 4).Truncate(every)
+}
+
+// every returns the spacing of job's tick grid.
+func (l *Locker) every(job string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r, ok := l.resolutions[job]; ok {
+		return r.every
+	}
+	return l.cfg.resolution
+}
+
+// lockTimeout is the bound of one Lock of job: the lock timeout, at most
+// half the job's tick spacing. gocron computes a job's next run only after
+// Lock returns, so a Lock that outlasted the spacing made it skip the next
+// tick without calling Lock, and that skip was never reported.
+func (l *Locker) lockTimeout(job string) time.Duration {
+	return min(l.cfg.lockTimeout, l.every(job)/2)
 }
 
 // Lock implements gocron.Locker. key is the job's name. It decides without
@@ -193,7 +205,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	sctx, span := l.tracer.Start(ctx, tracing.SpanJobRun, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(tracing.Job.String(key), tracing.Tick.String(tick.Format(tickFormat)),
 			tracing.Instance.String(l.cfg.instance)))
-	lctx, cancel := context.WithTimeout(sctx, l.cfg.lockTimeout)
+	lctx, cancel := context.WithTimeout(sctx, l.lockTimeout(key))
 	defer cancel()
 
 	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
@@ -260,7 +272,7 @@ func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Durat
 		case lctx.Err() != nil && last != nil:
 			return nil, last
 		case lctx.Err() != nil:
-			return nil, fmt.Errorf("%w: no quorum answered within the lock timeout %v: %w", redlock.ErrUnavailable, l.cfg.lockTimeout, err)
+			return nil, fmt.Errorf("%w: no quorum answered within the lock timeout: %w", redlock.ErrUnavailable, err)
 		}
 		last = err
 		var qerr *redlock.QuorumError
@@ -269,6 +281,9 @@ func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Durat
 		}
 		delay := time.Millisecond + rand.N(splitDelay)
 		if errors.Is(err, redlock.ErrUnavailable) {
+			if down(qerr) {
+				return nil, err // nodes refuse connections: a retry within the lock timeout will not help
+			}
 			unavailable++
 			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
 		} else if holder, taken := qerr.HolderMetadata(); taken && (holder != l.cfg.instance || (held != nil && held())) {
@@ -285,6 +300,14 @@ func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Durat
 		case <-t.C:
 		}
 	}
+}
+
+// down reports whether qerr's round failed because nodes refused it
+// outright (errors, no timeouts): they are down, not slow. A Lock that
+// retried them for the whole lock timeout made gocron skip the next tick
+// without calling Lock, so that the skip was never reported.
+func down(qerr *redlock.QuorumError) bool {
+	return qerr.Count(redlock.OutcomeTimeout) == 0 && qerr.Count(redlock.OutcomeError) > 0
 }
 
 // splitDelay bounds the random delay before retrying a split round;

@@ -102,7 +102,10 @@ func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.pre
 // WithLockTimeout bounds one Lock call: its quorum rounds (each bounded by
 // the redlock node timeout) and the retries of rounds that nodes did not
 // answer or that split the votes. A busy job is never waited for: it is a
-// skip. Default DefaultLockTimeout (1 s); NewLocker rejects values
+// skip. A Lock is bounded by half the job's tick spacing too (the tick
+// resolution, or a duration job's interval): gocron computes the next run
+// after Lock returns, and a longer Lock would make it skip a tick without
+// a report. Default DefaultLockTimeout (1 s); NewLocker rejects values
 // <= 0.
 func WithLockTimeout(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.lockTimeout = d }
