@@ -117,10 +117,13 @@ func WithKeyPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // OnStartedLeading sets a function run in its own goroutine each time this
-// candidate becomes leader. Its ctx is cancelled when leadership is lost
-// (before the lease's validity ends) or Run's ctx ends; it carries the
-// lease (redlock.FromContext) and the term (TermFromContext). Run waits for
-// it to return before it calls OnStoppedLeading or campaigns again.
+// candidate becomes leader, unless the lease's validity has already ended
+// when that goroutine starts (a process pause). Its ctx is cancelled when
+// leadership is lost (before the lease's validity ends; after a process
+// pause past it, as soon as the process runs again, and at the latest when
+// IsLeader says no) or Run's ctx ends; it carries the lease
+// (redlock.FromContext) and the term (TermFromContext). Run waits for it to
+// return before it calls OnStoppedLeading or campaigns again.
 func OnStartedLeading(f func(ctx context.Context)) Option {
 	return func(c *config) { c.onStartedLeading = f }
 }
@@ -154,10 +157,11 @@ type Elector struct {
 	leaderships metric.Int64Counter
 	leading     metric.Int64UpDownCounter
 
-	mu       sync.Mutex
-	lease    *redlock.Lock   // nil unless leading
-	leadCtx  context.Context // cancelled when leadership ends
-	observed string          // last leader identity reported to OnNewLeader
+	mu         sync.Mutex
+	lease      *redlock.Lock           // nil unless leading
+	leadCtx    context.Context         // cancelled when leadership ends
+	leadCancel context.CancelCauseFunc // cancels leadCtx
+	observed   string                  // last leader identity reported to OnNewLeader
 }
 
 // New returns an Elector for the election name. It performs no I/O. Errors
@@ -239,12 +243,23 @@ func (e *Elector) Identity() string { return e.cfg.identity }
 // IsLeader implements gocron.Elector (gocron.WithDistributedElector): nil
 // while this candidate leads and the lease's local validity deadline has
 // not passed, ErrNotLeader otherwise. It is O(1) and local: no network call.
-// ctx is not used.
+// ctx is not used. When it finds the deadline passed (the process was
+// paused past it, so the renewal goroutine has not run yet), it cancels
+// the leadership's context first, with a cause matching
+// redlock.ErrLockLost: once IsLeader says no, that context says so too.
+// Call it right before every write that leadership guards, and send the
+// term (Term) with the write for the store to reject older terms: a pause
+// after the check is caught only by the store (docs/election.md).
 func (e *Elector) IsLeader(context.Context) error {
 	e.mu.Lock()
-	lease, lctx := e.lease, e.leadCtx
+	lease, lctx, cancel := e.lease, e.leadCtx, e.leadCancel
 	e.mu.Unlock()
-	if lease == nil || lctx.Err() != nil || !time.Now().Before(lease.Until()) {
+	switch {
+	case lease == nil || lctx.Err() != nil:
+		return ErrNotLeader
+	case !time.Now().Before(lease.Until()):
+		cancel(fmt.Errorf("%w: elector %q: the lease's validity ended at %s, before a renewal (the process was paused?)",
+			redlock.ErrLockLost, e.name, lease.Until().Format(time.RFC3339Nano)))
 		return ErrNotLeader
 	}
 	return nil
@@ -367,24 +382,33 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 		e.leading.Add(ctx, -1, election)
 		span.End()
 	}()
-	lctx, stop := lease.Keep(context.WithValue(ctx, termKey{}, term), redlock.ExtendEvery(e.cfg.renew))
+	kctx, stop := lease.Keep(context.WithValue(ctx, termKey{}, term), redlock.ExtendEvery(e.cfg.renew))
+	// lctx ends with the lease (Keep) or when IsLeader finds its deadline
+	// passed, whichever sees it first.
+	lctx, cancel := context.WithCancelCause(kctx)
+	defer cancel(nil)
 	e.mu.Lock()
-	e.lease, e.leadCtx = lease, lctx
+	e.lease, e.leadCtx, e.leadCancel = lease, lctx, cancel
 	e.mu.Unlock()
 	e.log.Info("elector: leading", "election", e.name, "identity", e.cfg.identity, "term", term)
-	e.observe(e.cfg.identity)
+	if e.IsLeader(ctx) == nil { // not paused past the lease already
+		e.observe(e.cfg.identity)
+	}
 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if e.cfg.onStartedLeading != nil {
+		if e.cfg.onStartedLeading != nil && e.IsLeader(ctx) == nil {
 			e.cfg.onStartedLeading(lctx)
 		}
 	}()
 	<-lctx.Done()
 	lost := stop()
+	if lost == nil && kctx.Err() == nil { // IsLeader found the deadline passed
+		lost = context.Cause(lctx)
+	}
 	e.mu.Lock()
-	e.lease, e.leadCtx = nil, nil
+	e.lease, e.leadCtx, e.leadCancel = nil, nil, nil
 	e.mu.Unlock()
 	<-done
 	if e.cfg.onStoppedLeading != nil {

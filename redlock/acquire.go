@@ -200,8 +200,9 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) ro
 		wait = "1"
 	}
 	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, script: acquireScript, keys: l.keys,
-		args:  []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait},
-		parse: parseAcquire(value),
+		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
+			l.cfg.recordTTL.Milliseconds()},
+		parse: parseAcquire(l, value),
 		// Retries of a waiting Acquire do not wait for a node that timed
 		// out until it answers again; a first attempt (and TryAcquire,
 		// which a caller may retry through a burst that only slows the
@@ -216,12 +217,12 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) ro
 	return spec
 }
 
-// parseAcquire returns the reader of acquire replies for value: the
-// script's {1, ...} granted, {0, holder's value, PTTL} refused, {2, ms}
-// gated; SET NX GET's nil (set) or the key's value, which is granted when it
-// has our owner token (go-redis sent the command again after a lost
-// reply).
-func parseAcquire(value string) func(*redis.Cmd) NodeResult {
+// parseAcquire returns the reader of l's acquire replies for value: the
+// script's {1, ...} granted, {0, holder's value, PTTL, key} refused, {2,
+// ms} gated; SET NX GET's nil (set) or the key's value, which is granted
+// when it has our owner token (go-redis sent the command again after a
+// lost reply).
+func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
 	return func(cmd *redis.Cmd) NodeResult {
 		switch v := cmd.Val().(type) {
 		case nil:
@@ -230,7 +231,7 @@ func parseAcquire(value string) func(*redis.Cmd) NodeResult {
 			if len(v) >= tokenLen && v[:tokenLen] == value[:tokenLen] {
 				return NodeResult{Outcome: OutcomeOK}
 			}
-			return refusal(v, 0)
+			return refusal(v, 0, l.resources[0])
 		case []any:
 			code, _ := v[0].(int64)
 			switch {
@@ -238,19 +239,24 @@ func parseAcquire(value string) func(*redis.Cmd) NodeResult {
 				return NodeResult{Outcome: OutcomeOK, reply: v}
 			case code == 2:
 				return NodeResult{Outcome: OutcomeGated}
-			case len(v) == 3:
+			case len(v) == 4:
 				holder, _ := v[1].(string)
 				pttl, _ := v[2].(int64)
-				return refusal(holder, time.Duration(pttl)*time.Millisecond)
+				resource := l.cfg.record
+				if i, _ := v[3].(int64); i >= 1 && int(i) <= l.n {
+					resource = l.resources[i-1]
+				}
+				return refusal(holder, time.Duration(pttl)*time.Millisecond, resource)
 			}
 		}
 		return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("redlock: unexpected acquire reply %v", cmd.Val())}
 	}
 }
 
-// refusal is the result of a key held by the lock value v, whose TTL left
-// is expires (0: unknown).
-func refusal(v string, expires time.Duration) NodeResult {
+// refusal is the result of resource's key held by the lock value v, whose
+// TTL left is expires (0: unknown).
+func refusal(v string, expires time.Duration, resource string) NodeResult {
 	tp, md, _ := splitValue(v) // never expose the other owner's token
-	return NodeResult{Outcome: OutcomeHeld, Holder: md, traceparent: tp, expires: expires, value: unmarked(v)}
+	return NodeResult{Outcome: OutcomeHeld, Holder: md, Resource: resource, traceparent: tp, HolderTTL: expires,
+		value: unmarked(v)}
 }

@@ -130,6 +130,8 @@ func (cfg *config) validate(nodes int) error {
 		return invalidf("restart gate %v is negative or below 1ms", cfg.gate)
 	case hasNUL(cfg.keyPrefix):
 		return invalidf("key prefix %q contains a NUL byte", cfg.keyPrefix)
+	case cfg.lock.record != "" || cfg.lock.recordTTL != 0:
+		return invalidf("WithRecord names one acquisition's record: pass it to the call, not to New")
 	}
 	return cfg.lock.validate()
 }

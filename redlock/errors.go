@@ -116,12 +116,18 @@ type NodeResult struct {
 	// other holder stored with its lock (WithMetadata); "" otherwise. The
 	// holder's owner token is never exposed.
 	Holder string
+	// Resource is, for OutcomeHeld in an acquire round, the resource whose
+	// key refused: one of the lock's, or its record (WithRecord); ""
+	// otherwise.
+	Resource string
+	// HolderTTL is, for OutcomeHeld in an acquire round, how long the
+	// refusing key had left to live (whole milliseconds; 0 when unknown).
+	HolderTTL time.Duration
 
-	canceled    bool          // the caller's ctx ended the call: not a node failure
-	expires     time.Duration // acquire, OutcomeHeld: the holder's key's TTL left
-	traceparent string        // acquire, OutcomeHeld: the holder's trace context
-	reply       []any         // the script's reply, for the layers (fencing)
-	value       string        // holder round: the key's value (never leaves the package)
+	canceled    bool   // the caller's ctx ended the call: not a node failure
+	traceparent string // acquire, OutcomeHeld: the holder's trace context
+	reply       []any  // the script's reply, for the layers (fencing)
+	value       string // holder round: the key's value (never leaves the package)
 }
 
 // failed reports whether r counts as a failure of its node.

@@ -22,7 +22,8 @@ type Lock struct {
 	cfg       lockConfig
 	resources []string
 	// keys are the lock keys, then (reentrant) the holds hashes, then
-	// (fenced) the fencing counters, then (gated) the gate markers.
+	// (fenced) the fencing counters, then (gated) the gate markers, then
+	// the record key (WithRecord).
 	keys     []string
 	n        int    // number of resources
 	token    string // owner token of a reentrant lock ("" otherwise: one per attempt)
@@ -75,6 +76,9 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if err := c.checkResources(resources); err != nil {
 		return nil, err
 	}
+	if err := c.checkRecord(&cfg, resources); err != nil {
+		return nil, err
+	}
 	n := len(resources)
 	l := &Lock{c: c, cfg: cfg, resources: slices.Clone(resources), n: n, ttl: ttl,
 		tp: traceparentOf(ctx)}
@@ -91,7 +95,30 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if c.cfg.gate > 0 {
 		l.keys = append(l.keys, c.gateKeys()...)
 	}
+	if cfg.record != "" {
+		l.keys = append(l.keys, c.cfg.keyPrefix+cfg.record)
+	}
 	return l, nil
+}
+
+// checkRecord validates WithRecord's arguments.
+func (c *Client) checkRecord(cfg *lockConfig, resources []string) error {
+	switch {
+	case cfg.record == "" && cfg.recordTTL == 0:
+		return nil
+	case cfg.record == "":
+		return invalidf("empty record name (WithRecord)")
+	case hasNUL(cfg.record):
+		return invalidf("record %q contains a NUL byte (WithRecord)", cfg.record)
+	case slices.Contains(resources, cfg.record):
+		return invalidf("record %q is also a resource of the lock (WithRecord)", cfg.record)
+	case cfg.owner != "":
+		return invalidf("a record (WithRecord) cannot be combined with an owner (WithOwner)")
+	}
+	if err := c.checkTTL(cfg.recordTTL); err != nil {
+		return fmt.Errorf("record %q: %w", cfg.record, err)
+	}
+	return nil
 }
 
 // validate checks one call's options, naming the bad value.
@@ -354,9 +381,14 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 // "held" answers are another holder's keys). notice is the payload of the
 // release notices ("" for none: only Release wakes waiters). Its calls are
 // cleanups (roundSpec.cleanup).
+// An undo deletes the attempt's record too.
 func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool) roundSpec {
-	return roundSpec{op: op, script: releaseScript, keys: l.ownedKeys(), args: []any{value, aid, notice},
-		parse: parseInt(int64(l.n)), skip: skip, detach: true, cleanup: true}
+	keys, want := l.ownedKeys(), l.n
+	if op == "undo" && l.cfg.record != "" {
+		keys, want = append(slices.Clip(keys), l.keys[len(l.keys)-1]), l.n+1
+	}
+	return roundSpec{op: op, script: releaseScript, keys: keys, args: []any{value, aid, notice},
+		parse: parseInt(int64(want)), skip: skip, detach: true, cleanup: true}
 }
 
 // parseInt reads a script's integer reply, OK when it equals want, else

@@ -191,8 +191,8 @@ func oneHolder(q *QuorumError) (expires time.Duration, ok bool) {
 			continue
 		}
 		for _, r := range q.Nodes {
-			if r.value == v && r.expires > 0 && (expires == 0 || r.expires < expires) {
-				expires = r.expires
+			if r.value == v && r.HolderTTL > 0 && (expires == 0 || r.HolderTTL < expires) {
+				expires = r.HolderTTL
 			}
 		}
 		return expires, expires > 0

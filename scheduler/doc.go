@@ -17,22 +17,27 @@
 // gocron asks the Locker before each run (Locker.Lock with the job's name).
 // Lock identifies the tick the run serves (Locker.Tick: the instance's local
 // time on the job's grid, so clock skew between instances does not change
-// it), then takes, one quorum round each:
+// it), then takes, in one quorum round (one script per node):
 //
-//   - a tick record, kept for twice the clock tolerance (WithClockTolerance,
-//     default 1 s) and not released after the run: an instance whose clock
-//     lags, or whose timer fires late, finds the tick taken. Releasing the
-//     lock at the end of the run, as most lockers do, lets such an instance
-//     run the same tick again when the job is fast (gocron issue #841);
 //   - a run lock on the job, extended every TTL/3 while the job runs
 //     (WithTTL, default 10 s) and released by Unlock: no other instance
-//     starts the job while a long run goes on.
+//     starts the job while a long run goes on;
+//   - with it, a tick record (redlock.WithRecord), kept for twice the clock
+//     tolerance (WithClockTolerance, default 1 s) and never released: an
+//     instance whose clock lags, or whose timer fires late, finds the tick
+//     taken. Releasing the lock at the end of the run, as most lockers do,
+//     lets such an instance run the same tick again when the job is fast
+//     (gocron issue #841).
 //
 // A busy job is a skip, not a wait: Lock returns ErrHeldElsewhere at once.
 // When Redis nodes fail, Lock returns an error matching
 // redlock.ErrUnavailable (with the *redlock.QuorumError), so an
 // AfterLockError listener can tell the two apart; a Lock cut short because
 // gocron stopped the job (Shutdown, RemoveJob, Update) returns ErrStopped.
+// Misconfigurations are errors too: ErrUnstableName for a job without a
+// stable name, ErrDuplicateInstance when two live instances share an
+// instance ID; clocks further apart than the tolerance are warned about
+// (WithLogger) and counted (schedlock.scheduler.warnings).
 //
 // A tick whose run has started is never given back, even when the run is
 // interrupted: at most once per tick, and an interrupted run is not re-run.

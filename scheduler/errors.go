@@ -25,6 +25,20 @@ var (
 	// "main.main.func1"). Name jobs with gocron.WithName.
 	ErrUnstableName = errors.New("scheduler: job name is not stable across instances")
 
+	// ErrDuplicateInstance matches a Lock refused by a tick record that
+	// another process wrote with this Locker's instance ID (WithInstanceID):
+	// two live instances share an ID, so neither can tell a split vote from
+	// a tick taken, and errors name the wrong holder. It comes with
+	// ErrHeldElsewhere (the other process took the tick). Give each
+	// instance its own ID; alert on this error.
+	ErrDuplicateInstance = errors.New("scheduler: duplicate instance ID")
+
+	// ErrRandomSchedule matches a job on a random interval
+	// (gocron.DurationRandomJob) given to Scheduler.NewJob or Update: each
+	// instance draws its own intervals, so the instances share no ticks
+	// and the job would run once per instance, not once per tick.
+	ErrRandomSchedule = errors.New("scheduler: a random-interval job has no ticks common to the instances")
+
 	// ErrDuplicateName matches a job given, by NewJob or Update, a name
 	// that another job of the same Scheduler has: both would share one
 	// lock and one tick record.

@@ -32,15 +32,15 @@ var _ gocron.Locker = (*Locker)(nil)
 // share the same Redis nodes. It is safe for concurrent use; it starts one
 // goroutine per running job (the lock's extension), which ends in Unlock.
 //
-// For every run, Lock takes two redlock locks with one quorum round each:
+// For every run, Lock takes, in one quorum round (redlock.WithRecord):
 //
-//   - the tick record "<prefix>tick:<job>:<tick in Unix ms>", kept for twice
-//     the clock tolerance and not released after the run, so that instances
-//     whose clocks lag (or that fire late) find the tick taken: exactly once
-//     per tick, whatever the job's duration;
 //   - the run lock "<prefix>job:<job>", held while the job runs and extended
 //     every TTL/3, so that no other instance starts the job while a long run
-//     goes on; released by Unlock.
+//     goes on; released by Unlock;
+//   - the tick record "<prefix>tick:<job>:<tick in Unix ms>", kept for twice
+//     the clock tolerance and never released, so that instances whose
+//     clocks lag (or that fire late) find the tick taken: exactly once per
+//     tick, whatever the job's duration.
 //
 // docs/scheduling.md states the guarantee and its limits.
 type Locker struct {
@@ -50,10 +50,12 @@ type Locker struct {
 	tracer   trace.Tracer
 	runCount metric.Int64Counter
 
+	warnings *warnings
+
 	mu          sync.Mutex
 	runs        map[context.Context]*runLock // by the job ctx gocron passes to Lock and the task
 	resolutions map[string]resolution        // per job, set by Scheduler
-	warned      map[string]bool
+	taken       map[string]time.Time         // per job, the last tick this Locker took
 }
 
 // resolution is a tick grid: ticks are anchor + k*every.
@@ -89,8 +91,8 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, invalidf("tick resolution %v is below 1ms", cfg.resolution)
 	case cfg.lockTimeout <= 0:
 		return nil, invalidf("lock timeout %v is not positive", cfg.lockTimeout)
-	case cfg.instance == "" || len(cfg.instance) > redlock.MaxMetadata:
-		return nil, invalidf("instance ID %q is empty or longer than %d bytes", cfg.instance, redlock.MaxMetadata)
+	case cfg.instance == "" || len(cfg.instance) > maxInstance || strings.Contains(cfg.instance, clockSep):
+		return nil, invalidf("instance ID %q is empty, longer than %d bytes or contains a NUL byte", cfg.instance, maxInstance)
 	}
 	if cfg.clock == nil {
 		cfg.clock = clockwork.NewRealClock()
@@ -106,8 +108,12 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	runs, err := mp.Meter(tracing.ScopeScheduler, metric.WithInstrumentationVersion(tracing.Version)).
-		Int64Counter(tracing.MetricJobRuns, metric.WithUnit("{run}"), metric.WithDescription("Job ticks by lock outcome."))
+	meter := mp.Meter(tracing.ScopeScheduler, metric.WithInstrumentationVersion(tracing.Version))
+	runs, err := meter.Int64Counter(tracing.MetricJobRuns, metric.WithUnit("{run}"), metric.WithDescription("Job ticks by lock outcome."))
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: telemetry: %w", err)
+	}
+	warns, err := newWarnings(meter, log)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: telemetry: %w", err)
 	}
@@ -117,9 +123,10 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		log:         log,
 		tracer:      tp.Tracer(tracing.ScopeScheduler, trace.WithInstrumentationVersion(tracing.Version)),
 		runCount:    runs,
+		warnings:    warns,
 		runs:        make(map[context.Context]*runLock),
 		resolutions: make(map[string]resolution),
-		warned:      make(map[string]bool),
+		taken:       make(map[string]time.Time),
 	}, nil
 }
 
@@ -181,48 +188,36 @@ func (l *Locker) lockTimeout(job string) time.Duration {
 }
 
 // Lock implements gocron.Locker. key is the job's name. It decides without
-// waiting for a busy job: one quorum round for the tick record and one for
-// the run lock, each retried only when no one won it (a split vote) or
-// nodes did not answer, all bounded by the lock timeout. On success the run lock is
-// extended in the background until Unlock, and a lost lock cancels the run's
-// context (RunContext).
+// waiting for a busy job, in one quorum round: the run lock of the job,
+// with the tick record written in the same script on each node (all or
+// nothing), retried only when no one won it (a split vote) or nodes did
+// not answer, all bounded by the lock timeout. On success the run lock is
+// extended in the background until Unlock, and a lost lock cancels the
+// run's context (RunContext).
 //
 // Errors (gocron skips the run and passes them to AfterLockError):
-// ErrHeldElsewhere when another instance took this tick or runs the job;
-// an error matching redlock.ErrUnavailable (with the redlock *QuorumError)
-// when too many Redis nodes still failed at the lock timeout; ErrStopped,
-// with ctx's cause, when ctx ended (gocron stopped the job), never
-// ErrUnavailable then; ErrUnstableName for an empty name. Lock never
-// returns (nil, nil).
+// ErrHeldElsewhere when another instance took this tick or runs the job
+// (also matching ErrDuplicateInstance when that instance has this
+// Locker's instance ID); an error matching redlock.ErrUnavailable (with
+// the redlock *QuorumError) when too many Redis nodes still failed at the
+// lock timeout; ErrStopped, with ctx's cause, when ctx ended (gocron
+// stopped the job), never ErrUnavailable then; ErrUnstableName, for every
+// tick, for an empty name or gocron's default name of an unnamed function.
+// Lock never returns (nil, nil).
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
-	if key == "" {
-		return nil, checkName(key)
-	}
-	if err := checkName(key); err != nil {
-		l.warnOnce(key, err)
-	}
 	tick := l.Tick(key)
 	sctx, span := l.tracer.Start(ctx, tracing.SpanJobRun, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(tracing.Job.String(key), tracing.Tick.String(tick.Format(tickFormat)),
 			tracing.Instance.String(l.cfg.instance)))
-	lctx, cancel := context.WithTimeout(sctx, l.lockTimeout(key))
-	defer cancel()
-
-	tickRes := l.cfg.prefix + "tick:" + key + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
-	marker, err := l.take(ctx, lctx, tickRes, l.tickTTL(), nil)
-	if err != nil {
-		err = l.lockError(key, tick, "tick", err)
+	if err := checkName(key); err != nil {
+		l.warn(ctx, warnUnstableName, key, "scheduler: job skipped: its name is not stable across builds; name it with gocron.WithName", "err", err)
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
-	run, err := l.take(ctx, lctx, l.cfg.prefix+"job:"+key, l.cfg.ttl, func() bool { return l.running(key) })
+	lctx, cancel := context.WithTimeout(sctx, l.lockTimeout(key))
+	defer cancel()
+	run, err := l.take(ctx, lctx, key, tick)
 	if err != nil {
-		if !isHeld(err) || errors.Is(err, redlock.ErrUnavailable) {
-			// Not a busy job: give the tick back, another instance may
-			// still run it.
-			_ = marker.Release(context.WithoutCancel(sctx))
-		}
-		err = l.lockError(key, tick, "run", err)
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
@@ -234,24 +229,21 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	rl.ctx, rl.stop = run.Keep(context.WithValue(sctx, tickKey{}, tick))
 	l.mu.Lock()
 	l.runs[ctx] = rl
+	l.taken[key] = tick
 	l.mu.Unlock()
 	rl.watch()
 	return rl, nil
 }
 
-// take acquires resource for this instance. A round that no single holder
-// won — instances that fired at the same instant split the nodes between
-// them, and each undid its minority — is retried after a short random delay
-// until someone wins or lctx ends. A round that failed because nodes did
-// not answer (a burst of ticks queued past the node timeout, a node
-// restarting) is retried too, with a growing random delay, until lctx (the
-// lock timeout) ends: every round is a full acquisition, undone where it
-// failed, so retrying never gives a tick twice. A round lost to one holder
-// with a quorum is final, unless that holder is this instance and held
-// (nil: never) says that no lock of this instance holds resource: then the
-// holder is one of this call's own earlier rounds, whose grant reached the
-// nodes after the round had given up and which redlock deletes as soon as
-// its reply arrives (a late grant); that is retried like a split round.
+// take acquires the run lock of job with the record of tick, in one round.
+// A round that no single holder won (instances that fired at the same
+// instant split the nodes between them, and each undid its minority) is
+// retried after a short random delay until someone wins or lctx ends. A
+// round that failed because nodes did not answer (a burst of ticks queued
+// past the node timeout, a node restarting) is retried too, with a growing
+// random delay, until lctx (the lock timeout) ends: every round is a full
+// acquisition, undone where it failed, so retrying never gives a tick
+// twice. A round lost to one holder with a quorum is final.
 //
 // When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
 // StopJobs) ends, take returns an error that matches ctx's cause and never
@@ -259,47 +251,84 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 // ends, it returns the error of the last round that ran to its end, or,
 // when the first round had not ended yet, an error matching
 // redlock.ErrUnavailable: no quorum answered within the lock timeout.
-func (l *Locker) take(ctx, lctx context.Context, resource string, ttl time.Duration, held func() bool) (*redlock.Lock, error) {
+func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*redlock.Lock, error) {
+	record := l.cfg.prefix + "tick:" + job + ":" + strconv.FormatInt(tick.UnixMilli(), 10)
+	resources := []string{l.cfg.prefix + "job:" + job}
+	stopped := func() error {
+		return l.lockError(job, tick, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
+	}
 	unavailable := 0
 	var last error // of the last round that lctx did not cut short
 	for {
-		lk, err := l.client.TryAcquire(lctx, []string{resource}, ttl, redlock.WithMetadata(l.cfg.instance))
+		// The metadata is this instance and its clock, for the clock check
+		// of instances that find the record.
+		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10)
+		lk, err := l.client.TryAcquire(lctx, resources, l.cfg.ttl, redlock.WithMetadata(md),
+			redlock.WithRecord(record, l.tickTTL()))
 		switch {
 		case err == nil:
 			return lk, nil
 		case ctx.Err() != nil:
-			return nil, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx))
+			return nil, stopped()
 		case lctx.Err() != nil && last != nil:
 			return nil, last
 		case lctx.Err() != nil:
-			return nil, fmt.Errorf("%w: no quorum answered within the lock timeout: %w", redlock.ErrUnavailable, err)
+			return nil, l.lockError(job, tick, fmt.Errorf("%w: no quorum answered within the lock timeout: %w", redlock.ErrUnavailable, err))
 		}
-		last = err
+		last = l.lockError(job, tick, err)
 		var qerr *redlock.QuorumError
 		if !errors.As(err, &qerr) {
-			return nil, err
+			return nil, last
 		}
 		delay := time.Millisecond + rand.N(splitDelay)
 		if errors.Is(err, redlock.ErrUnavailable) {
 			if down(qerr) {
-				return nil, err // nodes refuse connections: a retry within the lock timeout will not help
+				return nil, last // nodes refuse connections: a retry within the lock timeout will not help
 			}
 			unavailable++
 			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
-		} else if holder, taken := qerr.HolderMetadata(); taken && (holder != l.cfg.instance || (held != nil && held())) {
-			return nil, err
+		} else if holder, taken := qerr.HolderMetadata(); taken {
+			return nil, l.refused(ctx, job, tick, record, holder, qerr)
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-lctx.Done():
 			t.Stop()
 			if ctx.Err() != nil {
-				return nil, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx))
+				return nil, stopped()
 			}
-			return nil, err
+			return nil, last
 		case <-t.C:
 		}
 	}
+}
+
+// refused returns the error of a tick that holder took, on a quorum of
+// nodes, with the round's qerr; it checks the clocks against the record
+// and the holder's instance ID against this Locker's.
+func (l *Locker) refused(ctx context.Context, job string, tick time.Time, record, holder string, qerr *redlock.QuorumError) error {
+	instance, _, _ := strings.Cut(holder, clockSep)
+	e := &tickError{kind: tickHeld, job: job, tick: tick, err: qerr, holder: instance, what: "run"}
+	for _, r := range qerr.Nodes {
+		if r.Outcome == redlock.OutcomeHeld && r.Resource == record {
+			e.what = "tick"
+			l.checkClock(ctx, job, r)
+			break
+		}
+	}
+	if instance == l.cfg.instance && e.what == "tick" {
+		// Not this Locker's own record (a job firing twice in one tick):
+		// another process writes records with this ID.
+		l.mu.Lock()
+		mine := l.taken[job].Equal(tick)
+		l.mu.Unlock()
+		if !mine {
+			e.duplicate = true
+			l.warn(ctx, warnDuplicateInstance, job, "scheduler: another live instance uses this instance ID; give each instance its own (WithInstanceID)",
+				"instance", l.cfg.instance, "tick", tick)
+		}
+	}
+	return e
 }
 
 // down reports whether qerr's round failed because nodes refused it
@@ -322,6 +351,10 @@ const (
 // tickFormat formats ticks in spans and errors.
 const tickFormat = "2006-01-02T15:04:05.000Z07:00"
 
+// clockSep separates the instance ID from its clock reading (Unix ms) in
+// the metadata of a run lock and its tick record.
+const clockSep = "\x00"
+
 // skipped ends the run span of a tick that does not run here.
 func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err error) {
 	outcome := tracing.OutcomeSkippedHeld
@@ -337,6 +370,9 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 		outcome = tracing.OutcomeSkippedStopped
 	default:
 		outcome = "skipped"
+		if errors.Is(err, ErrUnstableName) {
+			outcome = tracing.OutcomeSkippedMisconfigured
+		}
 		if span.IsRecording() {
 			span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeOther))
 			span.SetStatus(codes.Error, err.Error())
@@ -349,37 +385,29 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 	}
 }
 
-// isHeld reports whether err is a round lost to another holder.
-func isHeld(err error) bool {
-	var qerr *redlock.QuorumError
-	return errors.As(err, &qerr) && qerr.Count(redlock.OutcomeHeld) > 0
-}
-
-// lockError classifies a failed acquisition of what ("tick" or "run").
-func (l *Locker) lockError(job string, tick time.Time, what string, err error) error {
-	e := &tickError{job: job, tick: tick, what: what, err: err}
+// lockError classifies a failed acquisition of job's tick.
+func (l *Locker) lockError(job string, tick time.Time, err error) error {
+	e := &tickError{job: job, tick: tick, err: err}
 	switch {
 	case errors.Is(err, ErrStopped):
 		e.kind = tickStopped
 	case errors.Is(err, redlock.ErrUnavailable):
 		e.kind = tickUnavailable
-	case errors.Is(err, redlock.ErrNotAcquired) && isHeld(err):
-		e.kind = tickHeld
 	}
 	return e
 }
 
 // tickError is the error of a Lock that did not take its tick. Its
 // message is built only when asked for: gocron skips the tick without
-// reading it, and in a fleet every instance but one skips every tick
-// (formatting each one's error, with its per-node detail, was 19 of the
-// 111 allocations of such a Lock: BenchmarkLockHeldElsewhere).
+// reading it, and in a fleet every instance but one skips every tick.
 type tickError struct {
-	kind int // tickHeld, tickUnavailable, tickStopped or 0
-	job  string
-	tick time.Time
-	what string // "tick" or "run"
-	err  error  // redlock's
+	kind      int // tickHeld, tickUnavailable, tickStopped or 0
+	job       string
+	tick      time.Time
+	err       error  // redlock's
+	what      string // tickHeld: "tick" (its record refused) or "run" (the run lock)
+	holder    string // tickHeld: the holder's instance ID
+	duplicate bool   // tickHeld: the holder has this Locker's instance ID
 }
 
 const (
@@ -402,58 +430,35 @@ func (e *tickError) Error() string {
 	case tickUnavailable:
 		return fmt.Sprintf("scheduler: job %q tick %s: redis unavailable: %v", e.job, at, e.err)
 	case tickHeld:
-		holder := "another instance"
-		var qerr *redlock.QuorumError
-		if errors.As(e.err, &qerr) {
-			if h, ok := qerr.HolderMetadata(); ok {
-				holder = h
-			}
-		}
-		reason := "tick already taken by " + holder
+		reason := "tick already taken by " + e.holder
 		if e.what == "run" {
-			reason = "previous run still running on " + holder
+			reason = "previous run still running on " + e.holder
+		}
+		if e.duplicate {
+			reason += " (" + ErrDuplicateInstance.Error() + ": another live instance has this instance's ID)"
 		}
 		return fmt.Sprintf("%v: job %q tick %s: %s: %v", ErrHeldElsewhere, e.job, at, reason, e.err)
 	}
 	return fmt.Sprintf("scheduler: job %q tick %s: %v", e.job, at, e.err)
 }
 
-// Unwrap gives ErrHeldElsewhere for a tick held elsewhere, and redlock's
-// error.
+// Unwrap gives ErrHeldElsewhere for a tick held elsewhere (and
+// ErrDuplicateInstance when the holder has this instance's ID), and
+// redlock's error.
 func (e *tickError) Unwrap() []error {
-	if e.kind == tickHeld {
+	switch {
+	case e.duplicate:
+		return []error{ErrHeldElsewhere, ErrDuplicateInstance, e.err}
+	case e.kind == tickHeld:
 		return []error{ErrHeldElsewhere, e.err}
 	}
 	return []error{e.err}
-}
-
-// running reports whether a run of job holds its run lock in this
-// instance.
-func (l *Locker) running(job string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, rl := range l.runs {
-		if rl.job == job {
-			return true
-		}
-	}
-	return false
 }
 
 // tickTTL is how long a tick record lives: twice the clock tolerance, at
 // least 100 ms.
 func (l *Locker) tickTTL() time.Duration {
 	return max(2*l.cfg.tolerance, 100*time.Millisecond)
-}
-
-func (l *Locker) warnOnce(job string, err error) {
-	l.mu.Lock()
-	seen := l.warned[job]
-	l.warned[job] = true
-	l.mu.Unlock()
-	if !seen {
-		l.log.Warn("scheduler: job name is not stable across builds; instances built from different code will not share its lock", "job", job, "err", err)
-	}
 }
 
 // RunContext returns the context of the run that ctx belongs to: pass the
@@ -531,13 +536,15 @@ func (r *runLock) Unlock(ctx context.Context) error {
 	r.once.Do(func() {
 		lost := r.stop()
 		close(r.done)
+		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
+		rerr := r.run.Release(dctx)
+		// Forgotten after the release: until then a Lock of the job that
+		// finds the run lock held by this instance knows it is this run.
 		r.l.mu.Lock()
 		if r.l.runs[r.jobCtx] == r {
 			delete(r.l.runs, r.jobCtx)
 		}
 		r.l.mu.Unlock()
-		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
-		rerr := r.run.Release(dctx)
 		if lost != nil {
 			r.span.AddEvent(tracing.EventLockLost)
 			r.span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))

@@ -66,9 +66,12 @@ func WithMeterProvider(mp metric.MeterProvider) LockerOption {
 // WithInstanceID sets the identity this Locker stores with its locks: other
 // instances' ErrHeldElsewhere errors name it, and it tells a split vote
 // (instances that fired at the same instant and each won a minority of
-// nodes, retried) from a tick really taken. It must differ between
-// instances. Default "<hostname>-<pid>-<random>"; NewLocker rejects "" and
-// IDs longer than redlock.MaxMetadata bytes.
+// nodes, retried) from a tick really taken. It must differ between live
+// instances: one that finds a tick record of another process with its own
+// ID reports ErrDuplicateInstance. Default "<hostname>-<pid>-<random>";
+// NewLocker rejects "", IDs with a NUL byte and IDs longer than
+// redlock.MaxMetadata - 21 bytes (the rest holds the instance's clock
+// reading).
 func WithInstanceID(id string) LockerOption { return func(c *lockerConfig) { c.instance = id } }
 
 // WithTTL sets the TTL of the lock a running job holds (extended every TTL/3
@@ -118,8 +121,11 @@ func WithClock(c clockwork.Clock) LockerOption {
 	return func(cfg *lockerConfig) { cfg.clock = c }
 }
 
-// WithLogger sets the logger for lost locks, failed releases and unstable
-// job names. Default: discard; nil means discard.
+// WithLogger sets the logger for lost locks, failed releases and the
+// misconfigurations the Locker detects (unstable job names, a duplicate
+// instance ID, clock skew beyond the tolerance; docs/scheduling.md). The
+// errors that gocron passes to AfterLockError report them too. Default:
+// discard; nil means discard.
 func WithLogger(l *slog.Logger) LockerOption { return func(c *lockerConfig) { c.logger = l } }
 
 // WithLostHandler sets a function called, on a goroutine of the Locker, when a

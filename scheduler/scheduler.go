@@ -25,6 +25,9 @@ var _ gocron.Scheduler = (*Scheduler)(nil)
 //     this Scheduler that still has it with ErrDuplicateName (a name given
 //     through the embedded gocron methods, s.Scheduler.NewJob or Update, is
 //     not reliably caught);
+//   - a random-interval job (gocron.DurationRandomJob) fails with
+//     ErrRandomSchedule: instances share no ticks, so it would run once per
+//     instance;
 //   - a duration job (gocron.DurationJob(d)) is anchored to the wall-clock
 //     grid of multiples of d (gocron.WithStartAt with the current time
 //     rounded down to d), so that instances started at different times tick
@@ -145,6 +148,10 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 	}
 	if err := checkName(name); err != nil {
 		return fail(err)
+	}
+	if r, ok := j.Schedule().(gocron.DurationRandomJobSchedule); ok {
+		return fail(fmt.Errorf("%w: job %q runs every %v to %v at random; use a fixed interval (gocron.DurationJob) or a cron schedule",
+			ErrRandomSchedule, name, r.Min, r.Max))
 	}
 	if id, ok := s.names[name]; ok && id != j.ID() {
 		for _, other := range s.Scheduler.Jobs() {

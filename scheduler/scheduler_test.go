@@ -53,6 +53,9 @@ type instanceSpec struct {
 	def     gocron.JobDefinition
 	jobTime time.Duration
 	opts    []scheduler.LockerOption
+	jobOpts []gocron.JobOption
+	// gocronOpts are passed to gocron.NewScheduler.
+	gocronOpts []gocron.SchedulerOption
 }
 
 func startInstance(t *testing.T, cl redlocktest.Cluster, rec *recorder, spec instanceSpec) *scheduler.Scheduler {
@@ -63,7 +66,7 @@ func startInstance(t *testing.T, cl redlocktest.Cluster, rec *recorder, spec ins
 	}
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	opts := append([]scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(spec.offset))}, spec.opts...)
-	s, err := scheduler.New(c, scheduler.WithLockerOptions(opts...))
+	s, err := scheduler.New(c, scheduler.WithLockerOptions(opts...), scheduler.WithGocronOptions(spec.gocronOpts...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +84,7 @@ func startInstance(t *testing.T, cl redlocktest.Cluster, rec *recorder, spec ins
 		}
 		x.end = time.Now()
 		rec.add(x)
-	}), gocron.WithName("job"))
+	}), append([]gocron.JobOption{gocron.WithName("job")}, spec.jobOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,6 +82,9 @@ const (
 	Job      = attribute.Key("schedlock.job")
 	Tick     = attribute.Key("schedlock.tick") // RFC 3339 with ms
 	Instance = attribute.Key("schedlock.instance")
+	// Warning is the kind of a misconfiguration the scheduler detected
+	// (MetricWarnings): unstable_name, duplicate_instance, clock_skew.
+	Warning  = attribute.Key("schedlock.warning")
 	Election = attribute.Key("schedlock.election")
 	Identity = attribute.Key("schedlock.identity")
 	Term     = attribute.Key("schedlock.term")
@@ -102,6 +105,9 @@ const (
 	// OutcomeSkippedStopped: gocron stopped the job (Shutdown, RemoveJob,
 	// Update, StopJobs) while its lock was being taken.
 	OutcomeSkippedStopped = "skipped_stopped"
+	// OutcomeSkippedMisconfigured: the job cannot run exactly once as
+	// configured (an unstable name: ErrUnstableName).
+	OutcomeSkippedMisconfigured = "skipped_misconfigured"
 )
 
 // Values of error.type on spans with status Error.
@@ -122,17 +128,19 @@ const (
 
 // Metric names. Durations are in seconds.
 const (
-	MetricAcquireDuration = "schedlock.lock.acquire.duration" // histogram, s: Acquire/TryAcquire call to result
-	MetricRoundDuration   = "schedlock.lock.round.duration"   // histogram, s: one quorum round
-	MetricHoldDuration    = "schedlock.lock.hold.duration"    // histogram, s: grant to release or loss
-	MetricContention      = "schedlock.lock.contention"       // counter: acquire rounds lost to another holder
-	MetricLost            = "schedlock.lock.lost"             // counter: locks lost while held
-	MetricExtendFailures  = "schedlock.lock.extend.failures"  // counter: Extend calls that failed
-	MetricNodeErrors      = "schedlock.node.errors"           // counter: per node (server.address), error or timeout
-	MetricHeld            = "schedlock.lock.held"             // up-down counter: locks held by this process
-	MetricJobRuns         = "schedlock.scheduler.runs"        // counter: job ticks by outcome (ran, skipped_*)
-	MetricLeaderships     = "schedlock.elector.leaderships"   // counter: leaderships gained by this process
-	MetricLeading         = "schedlock.elector.leading"       // up-down counter: 1 while this candidate leads
+	MetricAcquireDuration = "schedlock.lock.acquire.duration"  // histogram, s: Acquire/TryAcquire call to result
+	MetricRoundDuration   = "schedlock.lock.round.duration"    // histogram, s: one quorum round
+	MetricHoldDuration    = "schedlock.lock.hold.duration"     // histogram, s: grant to release or loss
+	MetricContention      = "schedlock.lock.contention"        // counter: acquire rounds lost to another holder
+	MetricLost            = "schedlock.lock.lost"              // counter: locks lost while held
+	MetricExtendFailures  = "schedlock.lock.extend.failures"   // counter: Extend calls that failed
+	MetricNodeErrors      = "schedlock.node.errors"            // counter: per node (server.address), error or timeout
+	MetricHeld            = "schedlock.lock.held"              // up-down counter: locks held by this process
+	MetricJobRuns         = "schedlock.scheduler.runs"         // counter: job ticks by outcome (ran, skipped_*)
+	MetricWarnings        = "schedlock.scheduler.warnings"     // counter: misconfigurations detected, by schedlock.warning and job
+	MetricClockOffset     = "schedlock.scheduler.clock_offset" // histogram, s: clock difference to the instance whose tick record refused a Lock
+	MetricLeaderships     = "schedlock.elector.leaderships"    // counter: leaderships gained by this process
+	MetricLeading         = "schedlock.elector.leading"        // up-down counter: 1 while this candidate leads
 )
 
 // DurationBuckets are the explicit histogram bucket boundaries, in seconds,

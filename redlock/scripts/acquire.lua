@@ -1,16 +1,21 @@
 -- Acquire: set every lock key of one lock on this node, all or nothing.
 -- KEYS: n lock keys; then n holds hashes (reentrant locks); then n fencing
 -- counters (fenced locks); then the restart gate marker and the marker of
--- releases before 0.2 (gated clients).
+-- releases before 0.2 (gated clients); then the record key (WithRecord).
 -- ARGV: [1] lock value, [2] TTL in ms, [3] n, [4] acquisition ID of a
 -- reentrant lock or '', [5] '1' for fencing, [6] the restart gate in ms or
--- '0', [7] '1' when a refusal marks the holder's key for a release notice.
+-- '0', [7] '1' when a refusal marks the holder's key for a release notice,
+-- [8] the record's TTL in ms or '0' for no record.
 -- Reply: {1} granted, with fencing {1, proposed token, largest counter}
 -- and, for a re-entry whose hold noted a token, that token as a fourth
--- element; {0, holder's value, its PTTL} refused; {2, ms left} gated.
+-- element; {0, holder's value, its PTTL, i} refused by lock key i, or by
+-- the record for i = 0; {2, ms left} gated.
 local n = tonumber(ARGV[3])
 local aid = ARGV[4]
 local ttl = tonumber(ARGV[2])
+local rttl = tonumber(ARGV[8])
+local last = #KEYS
+if rttl > 0 then last = last - 1 end
 local nk = n
 if aid ~= '' then nk = 2 * n end
 
@@ -19,7 +24,7 @@ if aid ~= '' then nk = 2 * n end
 -- passed since then. The marker has no TTL.
 if ARGV[6] ~= '0' then
   local gate = tonumber(ARGV[6])
-  local marker, legacy = KEYS[#KEYS - 1], KEYS[#KEYS]
+  local marker, legacy = KEYS[last - 1], KEYS[last]
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local since = tonumber(redis.call('GET', marker) or '')
@@ -35,8 +40,15 @@ if ARGV[6] ~= '0' then
 end
 
 -- A key that holds our owner token is ours: a command sent again after a
--- lost reply, or a re-entry of a reentrant owner.
+-- lost reply, or a re-entry of a reentrant owner. Another's record refuses
+-- like a held key, and first.
 local tok = string.sub(ARGV[1], 1, 32)
+if rttl > 0 then
+  local v = redis.call('GET', KEYS[#KEYS])
+  if v and string.sub(v, 1, 32) ~= tok then
+    return {0, v, redis.call('PTTL', KEYS[#KEYS]), 0}
+  end
+end
 local mine = 0
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
@@ -47,7 +59,7 @@ for i = 1, n do
         if c == '-' then redis.call('SETRANGE', KEYS[i], 32, '_')
         elseif c == 'T' then redis.call('SETRANGE', KEYS[i], 32, 't') end
       end
-      return {0, v, redis.call('PTTL', KEYS[i])}
+      return {0, v, redis.call('PTTL', KEYS[i]), i}
     end
     mine = mine + 1
   end
@@ -62,6 +74,8 @@ for i = 1, n do
     if redis.call('PTTL', KEYS[n + i]) < ttl then redis.call('PEXPIRE', KEYS[n + i], ttl) end
   end
 end
+-- The record is never extended or released: it expires after its own TTL.
+if rttl > 0 then redis.call('SET', KEYS[#KEYS], ARGV[1], 'PX', rttl) end
 if ARGV[5] ~= '1' then return {1} end
 
 -- Fencing: the token this node proposes is above every counter of the

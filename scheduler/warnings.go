@@ -1,0 +1,108 @@
+package scheduler
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/tracing"
+)
+
+// Misconfigurations that the Locker detects while it runs. Each one is
+// counted every time in schedlock.scheduler.warnings (attribute
+// schedlock.warning with the kind below, and the job) and logged at Warn on
+// the configured logger (WithLogger) at most once a minute per kind and job.
+const (
+	// warnUnstableName: a job whose name differs between builds (empty, or
+	// gocron's default name for an unnamed function); its ticks are
+	// skipped with ErrUnstableName.
+	warnUnstableName = "unstable_name"
+	// warnDuplicateInstance: another process writes tick records with this
+	// Locker's instance ID (WithInstanceID).
+	warnDuplicateInstance = "duplicate_instance"
+	// warnClockSkew: the instance that took a tick had a clock further from
+	// this one's than the clock tolerance.
+	warnClockSkew = "clock_skew"
+)
+
+// warnEvery is how often one kind of warning is logged for one job.
+const warnEvery = time.Minute
+
+// maxInstance is the longest instance ID: its clock reading (clockSep and
+// up to 20 digits) must fit in the lock's metadata.
+const maxInstance = redlock.MaxMetadata - 21
+
+type warnings struct {
+	log    *slog.Logger
+	count  metric.Int64Counter
+	offset metric.Float64Histogram
+
+	mu     sync.Mutex
+	logged map[[2]string]time.Time // by kind and job: when last logged
+}
+
+func newWarnings(meter metric.Meter, log *slog.Logger) (*warnings, error) {
+	count, err := meter.Int64Counter(tracing.MetricWarnings, metric.WithUnit("{warning}"),
+		metric.WithDescription("Misconfigurations detected, by kind (schedlock.warning) and job."))
+	if err != nil {
+		return nil, err
+	}
+	offset, err := meter.Float64Histogram(tracing.MetricClockOffset, metric.WithUnit("s"),
+		metric.WithDescription("Clock difference to the instance whose tick record refused a Lock (absolute)."),
+		metric.WithExplicitBucketBoundaries(tracing.DurationBuckets...))
+	if err != nil {
+		return nil, err
+	}
+	return &warnings{log: log, count: count, offset: offset, logged: map[[2]string]time.Time{}}, nil
+}
+
+// warn counts one warning of kind for job and logs msg with args, unless
+// it was logged for this kind and job within warnEvery.
+func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
+	w := l.warnings
+	if w.count.Enabled(ctx) {
+		w.count.Add(ctx, 1, metric.WithAttributes(tracing.Warning.String(kind), tracing.Job.String(job)))
+	}
+	key, now := [2]string{kind, job}, time.Now()
+	w.mu.Lock()
+	last, seen := w.logged[key]
+	if !seen || now.Sub(last) >= warnEvery {
+		w.logged[key] = now
+		seen = false
+	}
+	w.mu.Unlock()
+	if !seen {
+		w.log.WarnContext(ctx, msg, append([]any{"job", job, "warning", kind}, args...)...)
+	}
+}
+
+// checkClock measures, from the tick record that refused a Lock (r), how
+// far the clock of the instance that wrote it is from this one's: the
+// writer stored its clock reading in the record's metadata, and the record
+// has aged tickTTL - r.HolderTTL since (by the node's clock, which both
+// share). A difference beyond the clock tolerance is a warning: an
+// instance whose clock differs by more than twice the tolerance no longer
+// finds the record and runs the tick again.
+func (l *Locker) checkClock(ctx context.Context, job string, r redlock.NodeResult) {
+	_, at, ok := strings.Cut(r.Holder, clockSep)
+	written, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || r.HolderTTL <= 0 {
+		return // written by an earlier release: no clock reading
+	}
+	age := l.tickTTL() - r.HolderTTL
+	offset := time.UnixMilli(written).Add(age).Sub(l.cfg.clock.Now()) // > 0: the writer's clock is ahead
+	abs := max(offset, -offset)
+	if l.warnings.offset.Enabled(ctx) {
+		l.warnings.offset.Record(ctx, abs.Seconds(), metric.WithAttributes(tracing.Job.String(job)))
+	}
+	if abs > l.tickTTL()/2 {
+		l.warn(ctx, warnClockSkew, job, "scheduler: an instance's clock is further from this one's than the clock tolerance; ticks run twice once the difference exceeds twice the tolerance",
+			"offset", offset.Round(time.Millisecond), "tolerance", l.cfg.tolerance)
+	}
+}
