@@ -75,7 +75,10 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 // TryAcquire is Acquire with exactly one quorum round and no retry. For
 // one resource without WithOwner, WithFencing or restart gating that round
 // is SET NX GET rather than the acquire script (Redis 7.0 or later; a node
-// that rejects it gets the script). Errors: ErrInvalidArgument for bad
+// that rejects it gets the script). A round that can no longer succeed
+// still waits for the other nodes' answers (at most the node timeout), so
+// that its undo goes only to nodes that may have granted. Errors:
+// ErrInvalidArgument for bad
 // input (no I/O then); a *QuorumError (matching ErrNotAcquired, and
 // ErrUnavailable when too many nodes failed); or, when ctx ended, an error
 // matching ErrNotAcquired and ctx's cause.
@@ -199,7 +202,7 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) ro
 	if waiting {
 		wait = "1"
 	}
-	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, script: acquireScript, keys: l.keys,
+	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
 		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
 			l.cfg.recordTTL.Milliseconds()},
 		parse: parseAcquire(l, value),
@@ -208,6 +211,10 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) ro
 		// which a caller may retry through a burst that only slows the
 		// nodes) waits for every node.
 		skipDown: waiting && n > 1,
+		// A TryAcquire that lost waits for the answers still due, so that
+		// its undo does not go to nodes that refused (a fleet's losers
+		// sent one undo per tick each).
+		settle: !waiting,
 	}
 	if !waiting && len(l.keys) == 1 {
 		// A plain one-key lock tried once: SET NX GET does what the script

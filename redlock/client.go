@@ -149,6 +149,9 @@ func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
 // Quorum returns the number of nodes that must agree: N/2+1.
 func (c *Client) Quorum() int { return c.quorum }
 
+// NodeTimeout returns the Client's node timeout (WithNodeTimeout).
+func (c *Client) NodeTimeout() time.Duration { return c.cfg.nodeTimeout }
+
 // Nodes returns the number of configured nodes N.
 func (c *Client) Nodes() int { return len(c.peers) }
 

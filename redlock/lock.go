@@ -132,6 +132,8 @@ func (cfg *lockConfig) validate() error {
 		return invalidf("empty owner ID (WithOwner)")
 	case len(cfg.owner) > MaxOwner:
 		return invalidf("owner ID of %d bytes is longer than the %d allowed (WithOwner)", len(cfg.owner), MaxOwner)
+	case cfg.nodeTimeoutSet && cfg.nodeTimeout <= 0:
+		return invalidf("node timeout %v is not positive (WithNodeTimeout)", cfg.nodeTimeout)
 	}
 	return nil
 }
@@ -290,7 +292,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 		reentrant = "1"
 	}
 	start := time.Now()
-	rs := c.round(ctx, roundSpec{op: "extend", script: extendScript, keys: l.ownedKeys(),
+	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: l.ownedKeys(),
 		args: []any{value, ttl.Milliseconds(), reentrant}, parse: parseInt(1), deadline: until})
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -387,7 +389,7 @@ func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool
 	if op == "undo" && l.cfg.record != "" {
 		keys, want = append(slices.Clip(keys), l.keys[len(l.keys)-1]), l.n+1
 	}
-	return roundSpec{op: op, script: releaseScript, keys: keys, args: []any{value, aid, notice},
+	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice},
 		parse: parseInt(int64(want)), skip: skip, detach: true, cleanup: true}
 }
 

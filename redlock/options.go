@@ -87,14 +87,16 @@ type config struct {
 }
 
 type lockConfig struct {
-	retry       func() backoff.BackOff
-	fencing     bool
-	metadata    string
-	owner       string
-	ownerSet    bool
-	extendEvery time.Duration
-	record      string        // WithRecord: resource name, "" for none
-	recordTTL   time.Duration // WithRecord
+	retry          func() backoff.BackOff
+	fencing        bool
+	metadata       string
+	owner          string
+	ownerSet       bool
+	extendEvery    time.Duration
+	nodeTimeout    time.Duration // WithNodeTimeout given to the call
+	nodeTimeoutSet bool
+	record         string        // WithRecord: resource name, "" for none
+	recordTTL      time.Duration // WithRecord
 }
 
 type clientOption func(*config)
@@ -120,9 +122,17 @@ func WithDriftFactor(f float64) Option {
 // at d whatever the go-redis client's settings; go-redis itself ends the
 // request then only with ContextTimeoutEnabled, else at its ReadTimeout (3 s
 // by default), and until then that node's later commands wait. Default
-// DefaultNodeTimeout (100 ms); New rejects d <= 0.
-func WithNodeTimeout(d time.Duration) Option {
-	return clientOption(func(c *config) { c.nodeTimeout = d })
+// DefaultNodeTimeout (100 ms); New rejects d <= 0. Given to a call
+// (Acquire, TryAcquire, Do) it sets the node timeout of that Lock's rounds
+// (its acquisition, extensions and release) instead, e.g. longer for locks
+// taken in large bursts; the call rejects d <= 0 (ErrInvalidArgument).
+func WithNodeTimeout(d time.Duration) LockOption { return nodeTimeoutOption(d) }
+
+type nodeTimeoutOption time.Duration
+
+func (d nodeTimeoutOption) applyClient(c *config) { c.nodeTimeout = time.Duration(d) }
+func (d nodeTimeoutOption) applyLock(l *lockConfig) {
+	l.nodeTimeout, l.nodeTimeoutSet = time.Duration(d), true
 }
 
 // WithMinValidity sets the smallest share of the TTL that a grant must leave

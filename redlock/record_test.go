@@ -3,8 +3,11 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -134,5 +137,98 @@ func TestRecordInvalid(t *testing.T) {
 	}
 	if _, err := redlock.New(cl.Clients(t), redlock.WithRecord("rec", time.Second)); !errors.Is(err, redlock.ErrInvalidArgument) {
 		t.Errorf("New(WithRecord): err %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestNodeTimeoutPerCall: WithNodeTimeout given to a call sets the node
+// timeout of that Lock's rounds (acquire, extend, release), not the
+// Client's.
+func TestNodeTimeoutPerCall(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := cl.ProxiedClients(t)
+	for _, p := range proxies {
+		p.SetLatency(60 * time.Millisecond) // each way: 120 ms a round trip
+	}
+	c := newClient(t, nodes, redlock.WithNodeTimeout(50*time.Millisecond))
+	ctx := context.Background()
+	if _, err := c.TryAcquire(ctx, []string{"short"}, time.Second); !errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("with the Client's 50ms node timeout: %v, want ErrUnavailable", err)
+	}
+	l, err := c.TryAcquire(ctx, []string{"long"}, 5*time.Second, redlock.WithNodeTimeout(time.Second))
+	if err != nil {
+		t.Fatalf("with a 1s node timeout for the call: %v", err)
+	}
+	if err := l.Extend(ctx, 5*time.Second); err != nil {
+		t.Errorf("Extend of that Lock: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release of that Lock: %v", err)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Second, redlock.WithNodeTimeout(0)); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("WithNodeTimeout(0) on a call: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestLostTryAcquireSendsNoNeedlessUndo: a TryAcquire refused by a quorum
+// waits for the last node's answer, so that it undoes nothing where every
+// node refused (a fleet's losers each sent an undo to the node that had not
+// answered yet when the round was decided).
+func TestLostTryAcquireSendsNoNeedlessUndo(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	holder := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := holder.TryAcquire(ctx, []string{"r"}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	nodes, proxies := cl.ProxiedClients(t)
+	proxies[2].SetLatency(30 * time.Millisecond) // answers last
+	h := &scriptHook{}
+	for _, n := range nodes {
+		n.(*redis.Client).AddHook(h)
+	}
+	c := newClient(t, nodes)
+	// Warm up: connections dialled through the slow link.
+	_, _ = c.TryAcquire(ctx, []string{"r"}, time.Second)
+	waitSettled(t, c)
+	h.n.Store(0)
+	for range 5 {
+		if _, err := c.TryAcquire(ctx, []string{"r"}, time.Second); !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire of a held resource: %v", err)
+		}
+	}
+	waitSettled(t, c)
+	if n := h.n.Load(); n != 5*3 {
+		t.Errorf("5 refused TryAcquires sent %d commands, want 15 (no undo)", n)
+	}
+}
+
+// scriptHook counts the scripts and SET commands sent (not go-redis's
+// connection set-up).
+type scriptHook struct{ n atomic.Int32 }
+
+func (h *scriptHook) count(cmd redis.Cmder) {
+	switch cmd.Name() {
+	case "eval", "evalsha", "set":
+		h.n.Add(1)
+	}
+}
+
+func (h *scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
 	}
 }

@@ -20,6 +20,7 @@ type roundSpec struct {
 	op      string        // names the round in errors and telemetry
 	attempt int           // acquire rounds: 1-based, for telemetry
 	ttl     time.Duration // acquire rounds: for the validity attribute
+	timeout time.Duration // the node timeout, if not the Client's (WithNodeTimeout given to the call)
 	script  *node.Script  // nil: args is a plain command
 	keys    []string      // the script's keys, or those args names
 	args    []any         // the script's arguments, or a plain command
@@ -33,6 +34,11 @@ type roundSpec struct {
 	// waitAll waits for every answer instead of deciding as soon as the
 	// outcome is known.
 	waitAll bool
+	// settle, once a quorum is impossible, still waits for the answers
+	// due (up to the node timeout), so that the undo of a lost acquire
+	// goes only to the nodes that may have granted, not to every node that
+	// had not answered yet (TryAcquire: its caller gives up anyway).
+	settle bool
 	// skipDown counts the nodes that are down (peer.down) as failed until
 	// they answer, so that an acquire round does not wait for them.
 	skipDown bool
@@ -87,7 +93,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 	rs := &roundState{c: c, spec: spec, start: time.Now(), results: make([]NodeResult, len(c.peers)),
 		done: make(chan struct{})}
 	rs.ctx, rs.span = c.tel.startRound(ctx, spec.op, spec.attempt, len(c.peers), c.quorum)
-	end := rs.start.Add(c.cfg.nodeTimeout)
+	end := rs.start.Add(rs.nodeTimeout())
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
 	}
@@ -126,6 +132,14 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 	case <-callerDone:
 	}
 	return rs.finish()
+}
+
+// nodeTimeout returns how long the round waits for each node.
+func (rs *roundState) nodeTimeout() time.Duration {
+	if rs.spec.timeout > 0 {
+		return rs.spec.timeout
+	}
+	return rs.c.cfg.nodeTimeout
 }
 
 // sendAll sends the round's call to every node not skipped.
@@ -269,7 +283,8 @@ func (rs *roundState) ended() {
 // decide closes done once the outcome is known. rs.mu is held.
 func (rs *roundState) decide() {
 	n, q := len(rs.results), rs.c.quorum
-	known := rs.ok+rs.bad == n || (!rs.spec.waitAll && (rs.ok >= q || rs.bad+rs.down > n-q))
+	lost := rs.bad+rs.down > n-q && !rs.spec.settle
+	known := rs.ok+rs.bad == n || (!rs.spec.waitAll && (rs.ok >= q || lost))
 	if known && !rs.decided {
 		rs.decided = true
 		close(rs.done)
@@ -287,7 +302,7 @@ func (rs *roundState) finish() []NodeResult {
 	case !rs.spec.detach && rs.ctx.Err() != nil:
 		missing, cut, cause = OutcomeTimeout, true, context.Cause(rs.ctx)
 	default:
-		missing, cause = OutcomeTimeout, fmt.Errorf("no answer within the node timeout %v", rs.c.cfg.nodeTimeout)
+		missing, cause = OutcomeTimeout, fmt.Errorf("no answer within the node timeout %v", rs.nodeTimeout())
 	}
 	if !rs.decided {
 		rs.decided = true // answers after this are not recorded

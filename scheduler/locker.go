@@ -72,6 +72,7 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		resolution:  DefaultTickResolution,
 		prefix:      DefaultKeyPrefix,
 		lockTimeout: DefaultLockTimeout,
+		jitter:      DefaultLockJitter,
 		instance:    defaultInstance(),
 	}
 	for _, o := range opts {
@@ -91,8 +92,10 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, invalidf("tick resolution %v is below 1ms", cfg.resolution)
 	case cfg.lockTimeout <= 0:
 		return nil, invalidf("lock timeout %v is not positive", cfg.lockTimeout)
-	case cfg.instance == "" || len(cfg.instance) > maxInstance || strings.Contains(cfg.instance, clockSep):
-		return nil, invalidf("instance ID %q is empty, longer than %d bytes or contains a NUL byte", cfg.instance, maxInstance)
+	case cfg.jitter < 0:
+		return nil, invalidf("lock jitter %v is negative", cfg.jitter)
+	case cfg.instance == "" || len(cfg.instance) > maxInstance:
+		return nil, invalidf("instance ID %q is empty or longer than %d bytes", cfg.instance, maxInstance)
 	}
 	if cfg.clock == nil {
 		cfg.clock = clockwork.NewRealClock()
@@ -216,6 +219,11 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	}
 	lctx, cancel := context.WithTimeout(sctx, l.lockTimeout(key))
 	defer cancel()
+	if !l.jitter(ctx, key) {
+		err := l.lockError(key, tick, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
+		l.skipped(ctx, span, key, err)
+		return nil, err
+	}
 	run, err := l.take(ctx, lctx, key, tick)
 	if err != nil {
 		l.skipped(ctx, span, key, err)
@@ -233,6 +241,24 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	l.mu.Unlock()
 	rl.watch()
 	return rl, nil
+}
+
+// jitter waits the random delay before a Lock's first round
+// (WithLockJitter), at most a quarter of job's tick spacing and half its
+// lock timeout; false when ctx ended first.
+func (l *Locker) jitter(ctx context.Context, job string) bool {
+	bound := min(l.cfg.jitter, l.every(job)/4, l.lockTimeout(job)/2)
+	if bound <= 0 {
+		return true
+	}
+	t := time.NewTimer(rand.N(bound))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // take acquires the run lock of job with the record of tick, in one round.
@@ -257,6 +283,11 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 	stopped := func() error {
 		return l.lockError(job, tick, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
 	}
+	// Each round waits for the nodes up to half the Lock's bound: a burst
+	// of many jobs firing at once queues its commands for longer than a
+	// node timeout made for single locks, and a round that waits costs
+	// less than one that fails and is retried.
+	nodeTimeout := max(l.client.NodeTimeout(), l.lockTimeout(job)/2)
 	unavailable := 0
 	var last error // of the last round that lctx did not cut short
 	for {
@@ -264,20 +295,27 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 		// of instances that find the record.
 		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10)
 		lk, err := l.client.TryAcquire(lctx, resources, l.cfg.ttl, redlock.WithMetadata(md),
-			redlock.WithRecord(record, l.tickTTL()))
+			redlock.WithRecord(record, l.tickTTL()), redlock.WithNodeTimeout(nodeTimeout))
+		var qerr *redlock.QuorumError
+		isQuorum := errors.As(err, &qerr)
 		switch {
 		case err == nil:
 			return lk, nil
 		case ctx.Err() != nil:
 			return nil, stopped()
+		case isQuorum && !errors.Is(err, redlock.ErrUnavailable):
+			if holder, taken := qerr.HolderMetadata(); taken {
+				return nil, l.refused(ctx, job, tick, record, holder, qerr)
+			}
+		}
+		switch {
 		case lctx.Err() != nil && last != nil:
 			return nil, last
 		case lctx.Err() != nil:
 			return nil, l.lockError(job, tick, fmt.Errorf("%w: no quorum answered within the lock timeout: %w", redlock.ErrUnavailable, err))
 		}
 		last = l.lockError(job, tick, err)
-		var qerr *redlock.QuorumError
-		if !errors.As(err, &qerr) {
+		if !isQuorum {
 			return nil, last
 		}
 		delay := time.Millisecond + rand.N(splitDelay)
@@ -287,8 +325,6 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 			}
 			unavailable++
 			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
-		} else if holder, taken := qerr.HolderMetadata(); taken {
-			return nil, l.refused(ctx, job, tick, record, holder, qerr)
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -307,7 +343,7 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 // nodes, with the round's qerr; it checks the clocks against the record
 // and the holder's instance ID against this Locker's.
 func (l *Locker) refused(ctx context.Context, job string, tick time.Time, record, holder string, qerr *redlock.QuorumError) error {
-	instance, _, _ := strings.Cut(holder, clockSep)
+	instance, _, _ := splitHolder(holder)
 	e := &tickError{kind: tickHeld, job: job, tick: tick, err: qerr, holder: instance, what: "run"}
 	for _, r := range qerr.Nodes {
 		if r.Outcome == redlock.OutcomeHeld && r.Resource == record {
@@ -352,8 +388,23 @@ const (
 const tickFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // clockSep separates the instance ID from its clock reading (Unix ms) in
-// the metadata of a run lock and its tick record.
-const clockSep = "\x00"
+// the metadata of a run lock and its tick record: "<instance>@<ms>".
+const clockSep = "@"
+
+// splitHolder splits the metadata of a run lock or tick record into the
+// instance ID and its clock reading; ok is false for metadata without a
+// reading (an earlier release's: the instance ID alone).
+func splitHolder(md string) (instance string, clock time.Time, ok bool) {
+	i := strings.LastIndex(md, clockSep)
+	if i < 0 {
+		return md, time.Time{}, false
+	}
+	ms, err := strconv.ParseInt(md[i+1:], 10, 64)
+	if err != nil {
+		return md, time.Time{}, false
+	}
+	return md[:i], time.UnixMilli(ms), true
+}
 
 // skipped ends the run span of a tick that does not run here.
 func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err error) {

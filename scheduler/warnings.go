@@ -3,8 +3,6 @@ package scheduler
 import (
 	"context"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -90,13 +88,12 @@ func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
 // instance whose clock differs by more than twice the tolerance no longer
 // finds the record and runs the tick again.
 func (l *Locker) checkClock(ctx context.Context, job string, r redlock.NodeResult) {
-	_, at, ok := strings.Cut(r.Holder, clockSep)
-	written, err := strconv.ParseInt(at, 10, 64)
-	if !ok || err != nil || r.HolderTTL <= 0 {
+	_, written, ok := splitHolder(r.Holder)
+	if !ok || r.HolderTTL <= 0 {
 		return // written by an earlier release: no clock reading
 	}
 	age := l.tickTTL() - r.HolderTTL
-	offset := time.UnixMilli(written).Add(age).Sub(l.cfg.clock.Now()) // > 0: the writer's clock is ahead
+	offset := written.Add(age).Sub(l.cfg.clock.Now()) // > 0: the writer's clock is ahead
 	abs := max(offset, -offset)
 	if l.warnings.offset.Enabled(ctx) {
 		l.warnings.offset.Record(ctx, abs.Seconds(), metric.WithAttributes(tracing.Job.String(job)))
