@@ -514,10 +514,11 @@ func (e *tickError) Unwrap() []error {
 	return []error{e.err}
 }
 
-// tickTTL is how long a tick record lives: twice the clock tolerance, at
-// least 100 ms.
+// tickTTL is how long a tick record lives: twice the clock tolerance (at
+// least 100 ms) plus the start delay's bound (WithLockJitter), which
+// separates the instances' rounds on top of their clock difference.
 func (l *Locker) tickTTL() time.Duration {
-	return max(2*l.cfg.tolerance, 100*time.Millisecond)
+	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.cfg.jitter
 }
 
 // RunContext returns the context of the run that ctx belongs to: pass the

@@ -94,15 +94,18 @@ func startModeFleet(t *testing.T, cl redlocktest.Cluster, f *fleetRuns, jobs []s
 // TestGocronModesRunEachTickOnce: with spare capacity, singleton mode and
 // WithLimitConcurrentJobs, in wait and reschedule mode, run every tick of
 // every job exactly once across the fleet (WithLimitConcurrentJobs(1,
-// LimitModeReschedule) lost 13 of 33 ticks while a Lock took two rounds).
+// LimitModeReschedule) lost 13 of 33 ticks of one job while a Lock took
+// two rounds).
 func TestGocronModesRunEachTickOnce(t *testing.T) {
 	t.Parallel()
-	jobs := []string{"a", "b", "c"}
 	for _, tc := range []struct {
 		name  string
+		jobs  []string // default a, b, c
 		sopts []gocron.SchedulerOption
 		jopts []gocron.JobOption
 	}{
+		{name: "limit1-reschedule-one-job", jobs: []string{"a"},
+			sopts: []gocron.SchedulerOption{gocron.WithLimitConcurrentJobs(1, gocron.LimitModeReschedule)}},
 		{name: "singleton-reschedule", jopts: []gocron.JobOption{gocron.WithSingletonMode(gocron.LimitModeReschedule)}},
 		{name: "singleton-wait", jopts: []gocron.JobOption{gocron.WithSingletonMode(gocron.LimitModeWait)}},
 		{name: "limit-reschedule", sopts: []gocron.SchedulerOption{gocron.WithLimitConcurrentJobs(3, gocron.LimitModeReschedule)}},
@@ -110,6 +113,10 @@ func TestGocronModesRunEachTickOnce(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			jobs := tc.jobs
+			if jobs == nil {
+				jobs = []string{"a", "b", "c"}
+			}
 			cl := redlocktest.Start(t, 3)
 			f := &fleetRuns{}
 			start := time.Now()

@@ -85,9 +85,11 @@ func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.tt
 
 // WithClockTolerance sets the largest difference between any two
 // instances' clocks (as seen by their gocron schedulers) for which each tick
-// still runs exactly once: the record of a tick is kept for twice this long.
+// still runs exactly once: the record of a tick is kept for twice this long
+// plus the lock jitter (WithLockJitter).
 // Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
-// values of a day or more. Zero keeps the record for the minimum of 100 ms.
+// values of a day or more. Zero keeps the record for the minimum of 100 ms
+// (plus the jitter).
 func WithClockTolerance(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.tolerance = d }
 }
@@ -131,9 +133,10 @@ func WithLockTimeout(d time.Duration) LockerOption {
 // to 0.5% with 250 ms: docs/benchmarks.md). A job starts up to that much
 // later.
 // The delay is also bounded by a quarter of the job's tick spacing and
-// half its lock timeout, and it adds to the instances' clock differences
-// (WithClockTolerance). Default DefaultLockJitter (250 ms); 0 turns it
-// off; NewLocker rejects negative values.
+// half its lock timeout; tick records live that much longer than twice
+// the clock tolerance, so it does not eat into it. Default
+// DefaultLockJitter (250 ms); 0 turns it off; NewLocker rejects negative
+// values.
 func WithLockJitter(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.jitter = d }
 }

@@ -98,7 +98,7 @@ func (l *Locker) checkClock(ctx context.Context, job string, r redlock.NodeResul
 	if l.warnings.offset.Enabled(ctx) {
 		l.warnings.offset.Record(ctx, abs.Seconds(), metric.WithAttributes(tracing.Job.String(job)))
 	}
-	if abs > l.tickTTL()/2 {
+	if abs > max(l.cfg.tolerance, 50*time.Millisecond) {
 		l.warn(ctx, warnClockSkew, job, "scheduler: an instance's clock is further from this one's than the clock tolerance; ticks run twice once the difference exceeds twice the tolerance",
 			"offset", offset.Round(time.Millisecond), "tolerance", l.cfg.tolerance)
 	}
