@@ -51,11 +51,11 @@ type Locker struct {
 	runCount metric.Int64Counter
 
 	warnings *warnings
+	nonce    string // tells this Locker's records from another process's with the same instance ID
 
 	mu          sync.Mutex
 	runs        map[context.Context]*runLock // by the job ctx gocron passes to Lock and the task
 	resolutions map[string]resolution        // per job, set by Scheduler
-	taken       map[string]time.Time         // per job, the last tick this Locker took
 }
 
 // resolution is a tick grid: ticks are anchor + k*every.
@@ -127,9 +127,9 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		tracer:      tp.Tracer(tracing.ScopeScheduler, trace.WithInstrumentationVersion(tracing.Version)),
 		runCount:    runs,
 		warnings:    warns,
+		nonce:       fmt.Sprintf("%08x", rand.Uint32()),
 		runs:        make(map[context.Context]*runLock),
 		resolutions: make(map[string]resolution),
-		taken:       make(map[string]time.Time),
 	}, nil
 }
 
@@ -234,10 +234,22 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(key), tracing.Outcome.String(tracing.OutcomeRan)))
 	}
 	rl := &runLock{l: l, job: key, tick: tick, jobCtx: ctx, run: run, span: span}
-	rl.ctx, rl.stop = run.Keep(context.WithValue(sctx, tickKey{}, tick))
+	// The extensions go on until Unlock, not until gocron cancels the
+	// job's ctx (Shutdown, RemoveJob, Update, StopJobs): a task that
+	// ignores its ctx runs on, and its run lock must hold until it returns.
+	// The run's context still ends with the job's ctx.
+	kctx, stop := run.Keep(context.WithValue(context.WithoutCancel(sctx), tickKey{}, tick))
+	rctx, cancelRun := context.WithCancelCause(kctx)
+	stopAfter := context.AfterFunc(ctx, func() { cancelRun(context.Cause(ctx)) })
+	rl.ctx = rctx
+	rl.stop = func() error {
+		stopAfter()
+		lost := stop()
+		cancelRun(lost)
+		return lost
+	}
 	l.mu.Lock()
 	l.runs[ctx] = rl
-	l.taken[key] = tick
 	l.mu.Unlock()
 	rl.watch()
 	return rl, nil
@@ -301,7 +313,7 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 	for {
 		// The metadata is this instance and its clock, for the clock check
 		// of instances that find the record.
-		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10)
+		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce
 		lk, err := l.client.TryAcquire(lctx, resources, l.cfg.ttl, redlock.WithMetadata(md),
 			redlock.WithRecord(record, l.tickTTL()), redlock.WithNodeTimeout(nodeTimeout))
 		var qerr *redlock.QuorumError
@@ -332,7 +344,7 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 				return nil, last // nodes refuse connections: a retry within the lock timeout will not help
 			}
 			unavailable++
-			delay = rand.N(min(unavailableDelay<<unavailable, maxUnavailableDelay))
+			delay = rand.N(min(unavailableDelay<<min(unavailable, 8), maxUnavailableDelay))
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -351,7 +363,7 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 // nodes, with the round's qerr; it checks the clocks against the record
 // and the holder's instance ID against this Locker's.
 func (l *Locker) refused(ctx context.Context, job string, tick time.Time, record, holder string, qerr *redlock.QuorumError) error {
-	instance, _, _ := splitHolder(holder)
+	instance, _, nonce := splitHolder(holder)
 	e := &tickError{kind: tickHeld, job: job, tick: tick, err: qerr, holder: instance, what: "run"}
 	for _, r := range qerr.Nodes {
 		if r.Outcome == redlock.OutcomeHeld && r.Resource == record {
@@ -363,10 +375,7 @@ func (l *Locker) refused(ctx context.Context, job string, tick time.Time, record
 	if instance == l.cfg.instance && e.what == "tick" {
 		// Not this Locker's own record (a job firing twice in one tick):
 		// another process writes records with this ID.
-		l.mu.Lock()
-		mine := l.taken[job].Equal(tick)
-		l.mu.Unlock()
-		if !mine {
+		if nonce != "" && nonce != l.nonce {
 			e.duplicate = true
 			l.warn(ctx, warnDuplicateInstance, job, "scheduler: another live instance uses this instance ID; give each instance its own (WithInstanceID)",
 				"instance", l.cfg.instance, "tick", tick)
@@ -395,23 +404,27 @@ const (
 // tickFormat formats ticks in spans and errors.
 const tickFormat = "2006-01-02T15:04:05.000Z07:00"
 
-// clockSep separates the instance ID from its clock reading (Unix ms) in
-// the metadata of a run lock and its tick record: "<instance>@<ms>".
-const clockSep = "@"
+// The metadata of a run lock and its tick record is
+// "<instance>@<clock in Unix ms>/<the Locker's nonce>".
+const (
+	clockSep = "@"
+	nonceSep = "/"
+)
 
 // splitHolder splits the metadata of a run lock or tick record into the
-// instance ID and its clock reading; ok is false for metadata without a
-// reading (an earlier release's: the instance ID alone).
-func splitHolder(md string) (instance string, clock time.Time, ok bool) {
+// instance ID, its clock reading and the writing Locker's nonce; nonce is
+// "" for metadata of an earlier release (the instance ID alone).
+func splitHolder(md string) (instance string, clock time.Time, nonce string) {
 	i := strings.LastIndex(md, clockSep)
 	if i < 0 {
-		return md, time.Time{}, false
+		return md, time.Time{}, ""
 	}
-	ms, err := strconv.ParseInt(md[i+1:], 10, 64)
-	if err != nil {
-		return md, time.Time{}, false
+	at, nonce, ok := strings.Cut(md[i+1:], nonceSep)
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || nonce == "" {
+		return md, time.Time{}, ""
 	}
-	return md[:i], time.UnixMilli(ms), true
+	return md[:i], time.UnixMilli(ms), nonce
 }
 
 // skipped ends the run span of a tick that does not run here.

@@ -73,9 +73,12 @@ func WithMeterProvider(mp metric.MeterProvider) LockerOption {
 // nodes, retried) from a tick really taken. It must differ between live
 // instances: one that finds a tick record of another process with its own
 // ID reports ErrDuplicateInstance. Default "<hostname>-<pid>-<random>";
-// NewLocker rejects "" and IDs longer than redlock.MaxMetadata - 21 bytes:
-// the locks' metadata is "<ID>@<the instance's clock in Unix ms>", which
-// other instances' redlock errors show as the holder.
+// NewLocker rejects "" and IDs longer than redlock.MaxMetadata - 30 bytes:
+// the locks' metadata is "<ID>@<the instance's clock in Unix ms>/<a
+// random nonce of the Locker>", which other instances' redlock errors show
+// as the holder. A Locker that replaces one with the same ID in the same
+// process (a restart) may report ErrDuplicateInstance for the old one's
+// records, for at most their TTL.
 func WithInstanceID(id string) LockerOption { return func(c *lockerConfig) { c.instance = id } }
 
 // WithTTL sets the TTL of the lock a running job holds (extended every TTL/3

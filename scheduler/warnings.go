@@ -32,9 +32,10 @@ const (
 // warnEvery is how often one kind of warning is logged for one job.
 const warnEvery = time.Minute
 
-// maxInstance is the longest instance ID: its clock reading (clockSep and
-// up to 20 digits) must fit in the lock's metadata.
-const maxInstance = redlock.MaxMetadata - 21
+// maxInstance is the longest instance ID: its clock reading and nonce
+// (clockSep, up to 20 digits, nonceSep, 8 hex digits) must fit in the
+// lock's metadata.
+const maxInstance = redlock.MaxMetadata - 30
 
 type warnings struct {
 	log    *slog.Logger
@@ -88,17 +89,20 @@ func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
 // instance whose clock differs by more than twice the tolerance no longer
 // finds the record and runs the tick again.
 func (l *Locker) checkClock(ctx context.Context, job string, r redlock.NodeResult) {
-	_, written, ok := splitHolder(r.Holder)
-	if !ok || r.HolderTTL <= 0 {
+	_, written, nonce := splitHolder(r.Holder)
+	if nonce == "" || r.HolderTTL <= 0 {
 		return // written by an earlier release: no clock reading
 	}
+	// The writer read its clock before its script ran, this instance reads
+	// it after its reply: the reading is low by up to about a round trip
+	// on each side, taken as this round's latency to the node.
 	age := l.tickTTL() - r.HolderTTL
-	offset := written.Add(age).Sub(l.cfg.clock.Now()) // > 0: the writer's clock is ahead
+	offset := written.Add(age).Sub(l.cfg.clock.Now()) + r.Latency // > 0: the writer's clock is ahead
 	abs := max(offset, -offset)
 	if l.warnings.offset.Enabled(ctx) {
 		l.warnings.offset.Record(ctx, abs.Seconds(), metric.WithAttributes(tracing.Job.String(job)))
 	}
-	if abs > max(l.cfg.tolerance, 50*time.Millisecond) {
+	if abs > max(l.cfg.tolerance, 50*time.Millisecond)+r.Latency {
 		l.warn(ctx, warnClockSkew, job, "scheduler: an instance's clock is further from this one's than the clock tolerance; ticks run twice once the difference exceeds twice the tolerance",
 			"offset", offset.Round(time.Millisecond), "tolerance", l.cfg.tolerance)
 	}
