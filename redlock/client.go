@@ -130,10 +130,17 @@ func (cfg *config) validate(nodes int) error {
 		return invalidf("restart gate %v is negative or below 1ms", cfg.gate)
 	case hasNUL(cfg.keyPrefix):
 		return invalidf("key prefix %q contains a NUL byte", cfg.keyPrefix)
-	case cfg.lock.record != "" || cfg.lock.recordTTL != 0:
+	}
+	return cfg.lock.validateDefault()
+}
+
+// validateDefault checks the LockOptions given to New: a call's own, and
+// no record (WithRecord names one acquisition's).
+func (cfg *lockConfig) validateDefault() error {
+	if cfg.record != "" || cfg.recordTTL != 0 {
 		return invalidf("WithRecord names one acquisition's record: pass it to the call, not to New")
 	}
-	return cfg.lock.validate()
+	return cfg.validate()
 }
 
 // nodeIdentity returns a key that is equal for two entries that reach the

@@ -16,7 +16,6 @@ import (
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
 
-	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 	"github.com/schedlock/schedlock/scheduler"
 )
@@ -64,11 +63,7 @@ func (f *fleetRuns) check(jobs []string, from, to time.Time) (duplicates, missed
 func startModeFleet(t *testing.T, cl redlocktest.Cluster, f *fleetRuns, jobs []string, sopts []gocron.SchedulerOption, jopts ...gocron.JobOption) []*scheduler.Scheduler {
 	var fleet []*scheduler.Scheduler
 	for i, off := range []time.Duration{0, -200 * time.Millisecond} {
-		c, err := redlock.New(cl.Clients(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		c := newRedlock(t, cl.Clients(t))
 		s, err := scheduler.New(c, scheduler.WithLockerOptions(scheduler.WithClock(redlocktest.OffsetClock(off)),
 			scheduler.WithInstanceID(fmt.Sprint("instance-", i))), scheduler.WithGocronOptions(sopts...))
 		if err != nil {
@@ -138,11 +133,7 @@ func TestGocronModesRunEachTickOnce(t *testing.T) {
 func TestRunNowServesTheCurrentTick(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
-	c, err := redlock.New(cl.Clients(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := newRedlock(t, cl.Clients(t))
 	s, err := scheduler.New(c)
 	if err != nil {
 		t.Fatal(err)
@@ -197,11 +188,7 @@ func TestOneTimeJobAtAFixedTimeRunsOnce(t *testing.T) {
 	at := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second)
 	var runs atomic.Int32
 	for i, off := range []time.Duration{0, -200 * time.Millisecond} {
-		c, err := redlock.New(cl.Clients(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		c := newRedlock(t, cl.Clients(t))
 		s, err := scheduler.New(c, scheduler.WithLockerOptions(scheduler.WithClock(redlocktest.OffsetClock(off)),
 			scheduler.WithInstanceID(fmt.Sprint("instance-", i))))
 		if err != nil {
