@@ -241,7 +241,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	kctx, stop := run.Keep(context.WithValue(context.WithoutCancel(sctx), tickKey{}, tick))
 	rctx, cancelRun := context.WithCancelCause(kctx)
 	stopAfter := context.AfterFunc(ctx, func() { cancelRun(context.Cause(ctx)) })
-	rl.ctx = rctx
+	rl.ctx, rl.kept = rctx, kctx
 	rl.stop = func() error {
 		stopAfter()
 		lost := stop()
@@ -568,7 +568,8 @@ type runLock struct {
 	tick   time.Time
 	jobCtx context.Context
 	run    *redlock.Lock
-	ctx    context.Context // cancelled when the run lock is lost
+	ctx    context.Context // cancelled when the run lock is lost or the job's ctx ends
+	kept   context.Context // Keep's: cancelled when the run lock is lost
 	stop   func() error
 	span   trace.Span    // the run's span, ended by Unlock
 	done   chan struct{} // closed by Unlock, ends watch
@@ -582,10 +583,10 @@ func (r *runLock) watch() {
 	go func() {
 		select {
 		case <-r.done:
-		case <-r.ctx.Done():
-			cause := context.Cause(r.ctx)
+		case <-r.kept.Done(): // also after the job's ctx ended: the task may run on
+			cause := context.Cause(r.kept)
 			if !errors.Is(cause, redlock.ErrLockLost) {
-				return // the job's ctx ended: shutdown or removal
+				return
 			}
 			r.l.log.Error("scheduler: lock lost while the job was running; its run context is cancelled",
 				"job", r.job, "tick", r.tick, "err", cause)

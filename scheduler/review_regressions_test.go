@@ -296,3 +296,46 @@ func TestLongUnavailableRetriesDoNotPanic(t *testing.T) {
 		t.Errorf("after %v: %v, want ErrUnavailable", time.Since(start), err)
 	}
 }
+
+// TestLostLockReportedAfterJobCtxCancelled: a task that runs on after
+// gocron cancelled the job's ctx keeps its run lock, and when that lock is
+// lost the loss is still reported (the watcher used to stop with the job's
+// ctx).
+func TestLostLockReportedAfterJobCtxCancelled(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	lost := make(chan string, 1)
+	l, err := scheduler.NewLocker(newRedlock(t, cl.Clients(t)), scheduler.WithTTL(300*time.Millisecond),
+		scheduler.WithLockJitter(0), scheduler.WithLostHandler(func(job string, _ error) { lost <- job }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobCtx, cancel := context.WithCancel(context.Background())
+	lk, err := l.Lock(jobCtx, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(context.Background())
+	runCtx := l.RunContext(jobCtx)
+	cancel() // Shutdown: the task runs on
+	select {
+	case <-runCtx.Done():
+		if err := context.Cause(runCtx); !errors.Is(err, context.Canceled) {
+			t.Errorf("run context after the job's ctx ended: %v, want context.Canceled", err)
+		}
+	case <-time.After(time.Second):
+		t.Error("the run context did not end with the job's ctx")
+	}
+	for _, s := range cl {
+		if err := s.Client(t).FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case job := <-lost:
+		if job != "long" {
+			t.Errorf("lost handler got job %q", job)
+		}
+	case <-time.After(3 * time.Second):
+		t.Error("the lost run lock was not reported")
+	}
+}
