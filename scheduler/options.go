@@ -133,7 +133,7 @@ func WithLockTimeout(d time.Duration) LockerOption {
 // instances and 3 nodes, about half of all ticks); and a fleet of many
 // jobs firing at once reaches Redis as one burst (5 instances of 1,000
 // jobs each on 2 cores missed up to 70% of their ticks without it, 0.04
-// to 0.5% with 250 ms: docs/benchmarks.md). A job starts up to that much
+// to 2.7% with 250 ms: docs/benchmarks.md). A job starts up to that much
 // later.
 // The delay is also bounded by a quarter of the job's tick spacing and
 // half its lock timeout; tick records live that much longer than twice
