@@ -164,13 +164,16 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, waiting bool) *Quo
 	// acquire (one queue per node, in order, and a cleanup is never
 	// dropped), so it also deletes a grant that comes after the round was
 	// decided, and it goes before the next attempt's acquire.
-	skip := make([]bool, len(rs))
+	skip, none := make([]bool, len(rs)), true
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated
+		none = none && skip[i]
 	}
-	undo := c.releaseSpec(l, "undo", value, aid, "", skip)
-	undo.async = true
-	c.round(ctx, undo)
+	if !none { // else every node refused: nothing to undo
+		undo := c.releaseSpec(l, "undo", value, aid, "", skip)
+		undo.async = true
+		c.round(ctx, undo)
+	}
 	return qerr
 }
 

@@ -47,14 +47,14 @@ func newMiniScheduler(t *testing.T) *scheduler.Scheduler {
 }
 
 // twoLockers returns the Lockers of instances "a" and "b" over c, both on
-// clock.
+// clock, without a start delay.
 func twoLockers(tb testing.TB, c *redlock.Client, clock clockwork.Clock) (a, b *scheduler.Locker) {
 	tb.Helper()
-	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"))
+	a, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"), scheduler.WithLockJitter(0))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b, err = scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"))
+	b, err = scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("b"), scheduler.WithLockJitter(0))
 	if err != nil {
 		tb.Fatal(err)
 	}
