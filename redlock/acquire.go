@@ -77,11 +77,11 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 // is SET NX GET rather than the acquire script (Redis 7.0 or later; a node
 // that rejects it gets the script). A round that can no longer succeed
 // still waits for the other nodes' answers (at most the node timeout), so
-// that its undo goes only to nodes that may have granted. Errors:
-// ErrInvalidArgument for bad
-// input (no I/O then); a *QuorumError (matching ErrNotAcquired, and
-// ErrUnavailable when too many nodes failed); or, when ctx ended, an error
-// matching ErrNotAcquired and ctx's cause.
+// that its undo goes only to nodes that may have granted, and none when
+// every node refused. Errors: ErrInvalidArgument for bad input (no I/O
+// then); a *QuorumError (matching ErrNotAcquired, and ErrUnavailable when
+// too many nodes failed); or, when ctx ended, an error matching
+// ErrNotAcquired and ctx's cause.
 func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...LockOption) (l *Lock, err error) {
 	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)
 	start, attempts := time.Now(), 0
