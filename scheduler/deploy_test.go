@@ -40,11 +40,7 @@ func TestRollingDeployRunsEachTickOnce(t *testing.T) {
 			// A definition holds its parsed schedule: one per job.
 			def := func() gocron.JobDefinition { return gocron.CronJob("* * * * * *", true) }
 			newInstance := func(name string, offset time.Duration) (*scheduler.Scheduler, uuid.UUID, gocron.Task) {
-				c, err := redlock.New(cl.Clients(t))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = c.Close(context.Background()) })
+				c := newRedlock(t, cl.Clients(t))
 				s, err := scheduler.New(c, scheduler.WithLockerOptions(
 					scheduler.WithClock(redlocktest.OffsetClock(offset)), scheduler.WithInstanceID(name)))
 				if err != nil {
@@ -197,11 +193,7 @@ func TestLockTimeoutWithSlowNodesIsUnavailable(t *testing.T) {
 func TestOutageReportsEveryTick(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
-	c, err := redlock.New(cl.Clients(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := newRedlock(t, cl.Clients(t))
 	var mu sync.Mutex
 	var lockErrs []error
 	runs := 0

@@ -60,11 +60,7 @@ type instanceSpec struct {
 
 func startInstance(t *testing.T, cl redlocktest.Cluster, rec *recorder, spec instanceSpec) *scheduler.Scheduler {
 	t.Helper()
-	c, err := redlock.New(cl.Clients(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := newRedlock(t, cl.Clients(t))
 	opts := append([]scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(spec.offset))}, spec.opts...)
 	s, err := scheduler.New(c, scheduler.WithLockerOptions(opts...), scheduler.WithGocronOptions(spec.gocronOpts...))
 	if err != nil {
@@ -182,11 +178,7 @@ func TestNaiveLockerRunsTicksTwice(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	rec := &recorder{}
 	for i, off := range []time.Duration{-300 * time.Millisecond, 0, 250 * time.Millisecond} {
-		c, err := redlock.New(cl.Clients(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		c := newRedlock(t, cl.Clients(t))
 		clock := redlocktest.OffsetClock(off)
 		s, err := gocron.NewScheduler(gocron.WithClock(clock), gocron.WithDistributedLocker(naiveLocker{c}))
 		if err != nil {
@@ -351,11 +343,7 @@ func TestShutdownWhileJobRunsKeepsItsTick(t *testing.T) {
 func TestLostLockCancelsRun(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
-	c, err := redlock.New(cl.Clients(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := newRedlock(t, cl.Clients(t))
 	lostJobs := make(chan string, 1)
 	const ttl = 300 * time.Millisecond
 	s, err := scheduler.New(c, scheduler.WithLockerOptions(
@@ -426,11 +414,7 @@ func TestLostLockCancelsRun(t *testing.T) {
 func TestLockRetriesNodesThatDidNotAnswer(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
-	c, err := redlock.New(cl.Clients(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	c := newRedlock(t, cl.Clients(t))
 	l, err := scheduler.NewLocker(c, scheduler.WithLockTimeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
