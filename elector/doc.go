@@ -2,6 +2,21 @@
 // nodes, on top of package redlock, for singleton workers (a queue
 // consumer, a reconciler, the one instance that runs all cron jobs).
 //
+// # Usage
+//
+//	e, err := elector.New(locks, "billing-worker",
+//		elector.OnStartedLeading(func(ctx context.Context) {
+//			term, _ := elector.TermFromContext(ctx) // fence writes with it
+//			consume(ctx, term)                      // ctx ends with the leadership
+//		}))
+//	if err != nil { ... }
+//	err = e.Run(ctx) // campaigns until ctx ends, then resigns and returns
+//
+// Or give e to gocron.WithDistributedElector, so that only the leader runs
+// jobs. IsLeader and Leader answer at any time.
+//
+// # How it works
+//
 // A candidate's Run campaigns by taking a redlock lease on the election's
 // key, with its identity stored beside the owner token and a fencing token
 // as its term. The leader renews the lease every renew interval; if renewal

@@ -1,6 +1,29 @@
 // Package scheduler makes gocron v2 jobs run once per tick across a fleet of
 // instances that share Redis nodes, on top of package redlock.
 //
+// # Usage
+//
+//	locks, err := redlock.New([]redis.UniversalClient{node1, node2, node3})
+//	if err != nil { ... }
+//	s, err := scheduler.New(locks) // a gocron.Scheduler with the Locker installed
+//	if err != nil { ... }
+//	_, err = s.NewJob(
+//		gocron.CronJob("*/10 * * * * *", true),
+//		gocron.NewTask(func(ctx context.Context) error {
+//			ctx = s.RunContext(ctx) // first: cancelled if the run's lock is lost
+//			tick, _ := scheduler.TickFromContext(ctx)
+//			return report(ctx, tick) // runs on one instance per tick
+//		}),
+//		gocron.WithName("report"), // required: the lock's name on every instance
+//	)
+//	s.Start()
+//	defer s.Shutdown() // then locks.Close, then the go-redis clients
+//
+// Instances other than the one that runs a tick skip it: gocron's
+// AfterLockError listener gets ErrHeldElsewhere (normal), ErrStopped
+// (shutdown: normal) or an error worth an alert (redlock.ErrUnavailable,
+// ErrDuplicateInstance, ErrUnstableName).
+//
 // Two ways in:
 //
 //   - New returns a *Scheduler: a gocron.Scheduler with the Locker
