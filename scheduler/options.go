@@ -125,21 +125,19 @@ func WithLockTimeout(d time.Duration) LockerOption {
 }
 
 // WithLockJitter sets the bound of the random delay with which Lock
-// starts its first round, after it has identified the tick: one of 0,
-// d/4, d/2 and 3d/4 at random, so that the Locks of one instance that fire
-// together still share one pipeline per node and delay. Instances whose timers fire at the same instant (hosts synced by
-// NTP) otherwise reach the nodes together, in a different order on each
-// node, so that no one wins a quorum and every one retries (with 5
-// instances and 3 nodes, about half of all ticks); and a fleet of many
-// jobs firing at once reaches Redis as one burst (5 instances of 1,000
-// jobs each on 2 cores missed up to 70% of their ticks without it, 0.04
-// to 2.7% with 250 ms: docs/benchmarks.md). A job starts up to that much
-// later.
-// The delay is also bounded by a quarter of the job's tick spacing and
-// half its lock timeout; tick records live that much longer than twice
-// the clock tolerance, so it does not eat into it. Default
-// DefaultLockJitter (250 ms); 0 turns it off; NewLocker rejects negative
-// values.
+// starts its first round, after it has identified the tick: one of 0, d/4,
+// d/2 and 3d/4 at random, so that the Locks of one instance that fire
+// together still share one pipeline per node and delay. Without it,
+// instances whose timers fire at the same instant (hosts synced by NTP)
+// reach the nodes together, in a different order on each node, so that no
+// one wins a quorum and every one retries (with 5 instances and 3 nodes,
+// about half of all ticks); and a fleet of many jobs firing at once
+// reaches Redis as one burst (docs/benchmarks.md, "Scheduler scale"). A
+// job starts up to that much later. The delay is also bounded by a
+// quarter of the job's tick spacing and half its lock timeout; tick
+// records live that much longer than twice the clock tolerance, so it does
+// not eat into it. Default DefaultLockJitter (250 ms); 0 turns it off;
+// NewLocker rejects negative values.
 func WithLockJitter(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.jitter = d }
 }
