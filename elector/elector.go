@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,9 +171,9 @@ type Elector struct {
 // interval not in (0, TTL/2], a retry period not in (0, TTL).
 func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) {
 	cfg := config{identity: defaultIdentity(), ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
-	for _, o := range opts {
+	for i, o := range opts {
 		if o == nil {
-			return nil, invalidf("nil Option")
+			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
 		}
 		o(&cfg)
 	}
@@ -184,19 +185,20 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 	}
 	switch {
 	case client == nil:
-		return nil, invalidf("nil *redlock.Client")
+		return nil, invalidf("the *redlock.Client is nil")
 	case name == "":
-		return nil, invalidf("empty election name")
+		return nil, invalidf("the election name is empty")
 	case cfg.identity == "":
-		return nil, invalidf("empty identity")
+		return nil, invalidf("identity (WithIdentity) is empty")
 	case len(cfg.identity) > redlock.MaxMetadata:
-		return nil, invalidf("identity of %d bytes exceeds %d", len(cfg.identity), redlock.MaxMetadata)
+		return nil, invalidf("identity (WithIdentity) is %d bytes, more than the maximum %d", len(cfg.identity), redlock.MaxMetadata)
 	case cfg.ttl < 30*time.Millisecond:
-		return nil, invalidf("lease TTL %v is below 30ms", cfg.ttl)
+		return nil, invalidf("lease TTL %v (WithLeaseTTL) is below the minimum 30ms", cfg.ttl)
 	case cfg.renew <= 0 || cfg.renew > cfg.ttl/2:
-		return nil, invalidf("renew interval %v is not in (0, TTL/2 = %v]: the lease must survive a failed renewal", cfg.renew, cfg.ttl/2)
+		return nil, invalidf("renew interval %v (WithRenewInterval) must be above 0 and at most half the lease TTL (%v), so that the lease survives a failed renewal",
+			cfg.renew, cfg.ttl/2)
 	case cfg.retry <= 0 || cfg.retry >= cfg.ttl:
-		return nil, invalidf("retry period %v is not in (0, lease TTL %v)", cfg.retry, cfg.ttl)
+		return nil, invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
 	}
 	log := cfg.logger
 	if log == nil {
@@ -218,7 +220,7 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 	e.leading, err2 = m.Int64UpDownCounter(tracing.MetricLeading, metric.WithUnit("{leader}"),
 		metric.WithDescription("1 while this candidate leads."))
 	if err := errors.Join(err1, err2); err != nil {
-		return nil, fmt.Errorf("elector: telemetry: %w", err)
+		return nil, fmt.Errorf("elector: creating the OpenTelemetry instruments: %w", err)
 	}
 	return e, nil
 }
@@ -233,9 +235,26 @@ func defaultIdentity() string {
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
+// invalidf returns an error that reads "elector: invalid argument:
+// <message>" and matches redlock.ErrInvalidArgument.
 func invalidf(format string, args ...any) error {
-	return fmt.Errorf("%w: elector: "+format, append([]any{redlock.ErrInvalidArgument}, args...)...)
+	return &textError{msg: "elector: invalid argument: " + fmt.Sprintf(format, args...), errs: []error{redlock.ErrInvalidArgument}}
 }
+
+// textError is an error with a text of its own that matches errs
+// (errors.Is, errors.As): one package prefix, however many errors of other
+// packages it wraps.
+type textError struct {
+	msg  string
+	errs []error
+}
+
+func (e *textError) Error() string   { return e.msg }
+func (e *textError) Unwrap() []error { return e.errs }
+
+// redlockText returns the text of a redlock error without its package
+// prefix, to be quoted in the text of an error that wraps it.
+func redlockText(err error) string { return strings.TrimPrefix(err.Error(), "redlock: ") }
 
 // Identity returns this candidate's identity.
 func (e *Elector) Identity() string { return e.cfg.identity }
@@ -258,8 +277,8 @@ func (e *Elector) IsLeader(context.Context) error {
 	case lease == nil || lctx.Err() != nil:
 		return ErrNotLeader
 	case !time.Now().Before(lease.Until()):
-		cancel(fmt.Errorf("%w: elector %q: the lease's validity ended at %s, before a renewal (the process was paused?)",
-			redlock.ErrLockLost, e.name, lease.Until().Format(time.RFC3339Nano)))
+		cancel(&textError{msg: fmt.Sprintf("elector: leadership of %q lost: the lease's validity ended %v ago, before a renewal (was the process paused?)",
+			e.name, time.Since(lease.Until()).Round(time.Millisecond)), errs: []error{redlock.ErrLockLost}})
 		return ErrNotLeader
 	}
 	return nil
@@ -295,7 +314,9 @@ func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 	id, held, err := e.client.HolderMetadata(ctx, e.res)
 	switch {
 	case err != nil:
-		return "", fmt.Errorf("elector %q: %w", e.name, err)
+		// redlock's text names the lease's key: the election's name says it.
+		why := strings.TrimPrefix(redlockText(err), fmt.Sprintf("holder of %q unknown: ", e.res))
+		return "", &textError{msg: fmt.Sprintf("elector: leader of %q unknown: %s", e.name, why), errs: []error{err}}
 	case !held:
 		return "", ErrNoLeader
 	}

@@ -388,9 +388,9 @@ func TestNewValidatesTiming(t *testing.T) {
 		opts   []elector.Option
 		want   string
 	}{
-		{"nil client", nil, "x", nil, "nil *redlock.Client"},
-		{"empty name", client, "", nil, "empty election name"},
-		{"empty identity", client, "x", []elector.Option{elector.WithIdentity("")}, "empty identity"},
+		{"nil client", nil, "x", nil, "the *redlock.Client is nil"},
+		{"empty name", client, "", nil, "the election name is empty"},
+		{"empty identity", client, "x", []elector.Option{elector.WithIdentity("")}, "identity (WithIdentity) is empty"},
 		{"tiny TTL", client, "x", []elector.Option{elector.WithLeaseTTL(time.Millisecond)}, "lease TTL 1ms"},
 		{"renew too long", client, "x", []elector.Option{elector.WithLeaseTTL(time.Second), elector.WithRenewInterval(600 * time.Millisecond)}, "renew interval 600ms"},
 		{"renew zero", client, "x", []elector.Option{elector.WithRenewInterval(0)}, "renew interval 0s"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -62,12 +63,22 @@ func TestPausedLeaderSeesItsLossAtOnce(t *testing.T) {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		if l := next(); l != "consistent" {
 			t.Errorf("round %d: after the pause: %s", round, l)
+		} else if l := next(); !pausedCause.MatchString(l) {
+			t.Errorf("round %d: the leadership context ended with\n%s\nwant a line matching\n%s", round, l, pausedCause)
 		}
 		other.stop()
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}
 }
+
+// pausedCause matches the cause of the paused leader's context, as the
+// helper prints it: IsLeader's, or the renewal's when it ran first (as a
+// rule: "no extension reached a quorum before its validity ended 116ms ago
+// (was the process paused?)"), and no monotonic clock reading ("m=+").
+var pausedCause = regexp.MustCompile(`^cause: (?:elector: leadership of "test" lost: the lease's validity ended [0-9.]+m?s ago, ` +
+	`before a renewal \(was the process paused\?\)|` +
+	`redlock: lock "schedlock:elector:test" lost: [^=]+)$`)
 
 // TestPausedLeaderHelper is the child process of
 // TestPausedLeaderSeesItsLossAtOnce; it does nothing in a normal run.
@@ -95,6 +106,7 @@ func TestPausedLeaderHelper(t *testing.T) {
 				fmt.Println("IsLeader said no while the leadership context was live")
 			} else {
 				fmt.Println("consistent")
+				fmt.Println("cause:", context.Cause(ctx))
 			}
 		}))
 	if err != nil {

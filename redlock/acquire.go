@@ -37,7 +37,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	}
 	policy := l.cfg.retry()
 	if policy == nil {
-		return nil, invalidf("the retry policy factory (WithRetry) returned nil")
+		return nil, invalidf("the retry policy factory (WithRetry) returned a nil policy")
 	}
 	policy.Reset()
 	w := c.wake.waiter(l)
@@ -46,7 +46,8 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	for attempts = 1; ; attempts++ {
 		if c.closed.Load() {
 			l.end()
-			return nil, fmt.Errorf("%w after %d attempts: %w", ErrNotAcquired, attempts-1, ErrClosed)
+			return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired%s: the client is closed",
+				lockName(l.resources), attemptsText(attempts-1))
 		}
 		w.beforeAttempt()
 		q := c.attempt(ctx, l, attempts, !c.cfg.noWake)
@@ -63,7 +64,8 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 		d := policy.NextBackOff()
 		if d == backoff.Stop {
 			l.end()
-			return nil, fmt.Errorf("redlock: the retry policy gave up after %d attempts: %w", attempts, last)
+			return nil, wrapf([]error{last}, "%s not acquired%s: the retry policy (WithRetry) gave up; %s: %s",
+				lockName(l.resources), attemptsText(attempts), lastAttempt(attempts), last.body())
 		}
 		w.sleep(ctx, last, d)
 		if ctx.Err() != nil {
@@ -118,10 +120,20 @@ func cutShort(q *QuorumError) bool {
 // fail ends the acquisition and returns the error of one that ctx ended.
 func (l *Lock) fail(ctx context.Context, attempts int, last *QuorumError) error {
 	l.end()
+	cause := context.Cause(ctx)
 	if last == nil {
-		return fmt.Errorf("%w after %d attempts: %w", ErrNotAcquired, attempts, context.Cause(ctx))
+		return wrapf([]error{ErrNotAcquired, cause}, "%s not acquired%s: %v", lockName(l.resources), attemptsText(attempts), cause)
 	}
-	return fmt.Errorf("%w after %d attempts: %w (last round: %w)", ErrNotAcquired, attempts, context.Cause(ctx), last)
+	return wrapf([]error{ErrNotAcquired, cause, last}, "%s not acquired%s: %v; %s: %s",
+		lockName(l.resources), attemptsText(attempts), cause, lastAttempt(attempts), last.body())
+}
+
+// lastAttempt introduces the outcome of the last of n attempts.
+func lastAttempt(n int) string {
+	if n > 1 {
+		return "last attempt"
+	}
+	return "the attempt"
 }
 
 // end marks a failed acquisition.
@@ -156,7 +168,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, waiting bool) *Quo
 			return nil
 		}
 		qerr = newQuorumError("acquire", l.resources, c.quorum, rs, false, ErrNotAcquired)
-		qerr.validity = v
+		qerr.weak, qerr.validity, qerr.minimum = true, v, time.Duration(float64(l.ttl)*c.cfg.minValidity)
 	}
 	// Undo on every node that may have granted, also where the answer is
 	// missing or an error (step 5); "held" and "gated" answers set nothing.
@@ -259,7 +271,7 @@ func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
 				return refusal(holder, time.Duration(pttl)*time.Millisecond, resource)
 			}
 		}
-		return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("redlock: unexpected acquire reply %v", cmd.Val())}
+		return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %v to the acquire script", cmd.Val())}
 	}
 }
 

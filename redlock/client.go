@@ -81,7 +81,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	}
 	for i, o := range opts {
 		if o == nil {
-			return nil, invalidf("option %d is nil", i)
+			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
 		}
 		o.applyClient(&cfg)
 	}
@@ -94,17 +94,20 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	}
 	tel, err := newTelemetry(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("redlock: telemetry: %w", err)
+		return nil, fmt.Errorf("redlock: creating the OpenTelemetry instruments: %w", err)
 	}
 	c := &Client{quorum: len(nodes)/2 + 1, cfg: cfg, log: log, tel: tel}
 	seen := make(map[string]int, len(nodes))
 	for i, rdb := range nodes {
 		if rdb == nil || (reflect.ValueOf(rdb).Kind() == reflect.Pointer && reflect.ValueOf(rdb).IsNil()) {
-			return nil, invalidf("node %d is nil", i)
+			return nil, invalidf("nodes[%d] is nil", i)
 		}
 		id, addr := nodeIdentity(i, rdb)
 		if j, dup := seen[id]; dup {
-			return nil, invalidf("node %d (%s) repeats node %d: nodes must be independent", i, addr, j)
+			if _, ok := rdb.(*redis.Client); ok {
+				return nil, invalidf("nodes[%d] and nodes[%d] are the same node (%s): each must be a separate Redis server", j, i, addr)
+			}
+			return nil, invalidf("nodes[%d] and nodes[%d] are the same client: each must be a separate Redis server", j, i)
 		}
 		seen[id] = i
 		c.peers = append(c.peers, &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)})
@@ -117,19 +120,21 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 func (cfg *config) validate(nodes int) error {
 	switch {
 	case nodes == 0:
-		return invalidf("no nodes")
+		return invalidf("no nodes: give New at least one Redis client")
 	case math.IsNaN(cfg.driftFactor) || cfg.driftFactor < 0 || cfg.driftFactor >= 0.5:
-		return invalidf("drift factor %v is outside [0, 0.5)", cfg.driftFactor)
+		return invalidf("drift factor %v (WithDriftFactor) must be at least 0 and below 0.5", cfg.driftFactor)
 	case cfg.nodeTimeout <= 0:
-		return invalidf("node timeout %v is not positive", cfg.nodeTimeout)
+		return invalidf("node timeout %v (WithNodeTimeout) is not positive", cfg.nodeTimeout)
 	case math.IsNaN(cfg.minValidity) || cfg.minValidity < 0 || cfg.minValidity >= 1:
-		return invalidf("minimum validity %v is outside [0, 1)", cfg.minValidity)
+		return invalidf("minimum validity %v (WithMinValidity) must be at least 0 and below 1", cfg.minValidity)
 	case cfg.fencingRetention < time.Second:
-		return invalidf("fencing retention %v is below 1s", cfg.fencingRetention)
-	case cfg.gate < 0 || (cfg.gate > 0 && cfg.gate < time.Millisecond):
-		return invalidf("restart gate %v is negative or below 1ms", cfg.gate)
+		return invalidf("fencing retention %v (WithFencingRetention) is below the minimum 1s", cfg.fencingRetention)
+	case cfg.gate < 0:
+		return invalidf("restart gate %v (WithRestartGating) is negative (0 turns gating off)", cfg.gate)
+	case cfg.gate > 0 && cfg.gate < time.Millisecond:
+		return invalidf("restart gate %v (WithRestartGating) is below the minimum 1ms (0 turns gating off)", cfg.gate)
 	case hasNUL(cfg.keyPrefix):
-		return invalidf("key prefix %q contains a NUL byte", cfg.keyPrefix)
+		return invalidf("key prefix %q (WithKeyPrefix) contains a NUL byte", cfg.keyPrefix)
 	}
 	return cfg.lock.validateDefault()
 }
@@ -138,7 +143,7 @@ func (cfg *config) validate(nodes int) error {
 // no record (WithRecord names one acquisition's).
 func (cfg *lockConfig) validateDefault() error {
 	if cfg.record != "" || cfg.recordTTL != 0 {
-		return invalidf("WithRecord names one acquisition's record: pass it to the call, not to New")
+		return invalidf("WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire")
 	}
 	return cfg.validate()
 }
@@ -229,16 +234,50 @@ func (c *Client) validity(start time.Time, ttl time.Duration) time.Duration {
 // leave enough validity, or exceed the restart gate: every limit of
 // Acquire, applied to Extend too.
 func (c *Client) checkTTL(ttl time.Duration) error {
-	switch {
-	case ttl < time.Millisecond:
-		return invalidf("TTL %v is below 1ms (TTLs are sent in whole milliseconds)", ttl)
-	case ttl-c.drift(ttl) <= time.Duration(float64(ttl)*c.cfg.minValidity):
-		return invalidf("TTL %v is too short: the clock drift allowance %v leaves less than the minimum validity (%v of the TTL)",
-			ttl, c.drift(ttl), c.cfg.minValidity)
-	case c.cfg.gate > 0 && ttl > c.cfg.gate:
-		return invalidf("TTL %v exceeds the restart gate's maximum TTL %v (WithRestartGating)", ttl, c.cfg.gate)
+	if p := c.ttlProblem(ttl); p != "" {
+		return invalidf("%s", p)
 	}
 	return nil
+}
+
+// ttlProblem says what is wrong with ttl for checkTTL, or "".
+func (c *Client) ttlProblem(ttl time.Duration) string {
+	switch {
+	case ttl < time.Millisecond:
+		return fmt.Sprintf("TTL %v is below the minimum 1ms", ttl)
+	case c.tooShort(ttl):
+		msg := fmt.Sprintf("TTL %v is too short: after the clock drift allowance of %v, less than the minimum validity (%g%% of the TTL, WithMinValidity) would remain",
+			ttl, c.drift(ttl), c.cfg.minValidity*100)
+		if least, ok := c.shortestTTL(); ok {
+			msg += fmt.Sprintf("; use at least %v", least)
+		}
+		return msg
+	case c.cfg.gate > 0 && ttl > c.cfg.gate:
+		return fmt.Sprintf("TTL %v is above the restart gate's maximum TTL %v (WithRestartGating)", ttl, c.cfg.gate)
+	}
+	return ""
+}
+
+// tooShort reports whether ttl leaves no more than the minimum validity
+// after the drift allowance.
+func (c *Client) tooShort(ttl time.Duration) bool {
+	return ttl-c.drift(ttl) <= time.Duration(float64(ttl)*c.cfg.minValidity)
+}
+
+// shortestTTL returns the shortest whole-millisecond TTL that is not too
+// short, for the error about one that is; false when none up to an hour is.
+func (c *Client) shortestTTL() (time.Duration, bool) {
+	rest := 1 - c.cfg.driftFactor - c.cfg.minValidity // of the TTL, left after the factors
+	if rest <= 0 {
+		return 0, false
+	}
+	ttl := max(time.Duration(float64(driftConstant)/rest).Truncate(time.Millisecond), time.Millisecond)
+	for ; ttl <= time.Hour; ttl += time.Millisecond {
+		if !c.tooShort(ttl) {
+			return ttl, true
+		}
+	}
+	return 0, false
 }
 
 // HolderMetadata returns the metadata (WithMetadata) of the lock that
@@ -258,7 +297,7 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 		return "", false, err
 	}
 	if c.closed.Load() {
-		return "", false, fmt.Errorf("redlock: holder %q: %w", resource, ErrClosed)
+		return "", false, wrapf([]error{ErrClosed}, "holder of %q unknown: the client is closed", resource)
 	}
 	rs := c.round(ctx, roundSpec{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
 		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet, waitAll: true})

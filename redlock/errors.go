@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/schedlock/schedlock/redlock/internal/node"
 )
 
 // Sentinel errors. Match them with errors.Is; the errors returned by this
@@ -48,6 +51,69 @@ var (
 // "redlock: invalid argument: <message>".
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// textError is an error with a text of its own that matches errs
+// (errors.Is, errors.As): a wrapper whose text does not repeat the package
+// prefix or the sentinel texts of the errors it wraps.
+type textError struct {
+	msg  string
+	errs []error
+}
+
+func (e *textError) Error() string   { return e.msg }
+func (e *textError) Unwrap() []error { return e.errs }
+
+// wrapf returns an error that reads "redlock: <message>" and matches errs.
+func wrapf(errs []error, format string, args ...any) error {
+	return &textError{msg: "redlock: " + fmt.Sprintf(format, args...), errs: errs}
+}
+
+// detail returns the text of an error of this package without its
+// "redlock: " prefix, and for a *QuorumError only what its round found
+// (QuorumError.body), to be quoted in the text of an error that wraps it.
+func detail(err error) string {
+	if q, ok := err.(*QuorumError); ok {
+		return q.body()
+	}
+	return strings.TrimPrefix(err.Error(), "redlock: ")
+}
+
+// lockName names the lock on resources in error texts: `lock "a"`,
+// `lock "a", "b"`; at most maxNames names, then how many more.
+func lockName(resources []string) string {
+	if len(resources) == 0 {
+		return "lock"
+	}
+	return "lock " + quoteNames(resources)
+}
+
+// quoteNames returns the names quoted and separated by commas, at most
+// maxNames of them.
+func quoteNames(names []string) string {
+	var b strings.Builder
+	for i, n := range names {
+		if i == maxNames {
+			fmt.Fprintf(&b, " and %d more", len(names)-maxNames)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(n))
+	}
+	return b.String()
+}
+
+// maxNames bounds the resource names that one error text lists.
+const maxNames = 5
+
+// attemptsText returns " after n attempts" for n > 1, else "".
+func attemptsText(n int) string {
+	if n > 1 {
+		return fmt.Sprintf(" after %d attempts", n)
+	}
+	return ""
 }
 
 // Outcome is what one node answered in one quorum round.
@@ -156,8 +222,10 @@ type QuorumError struct {
 	// Nodes holds one entry per configured node, in the order given to New.
 	Nodes []NodeResult
 
-	validity  time.Duration // a quorum granted, with less validity than the minimum
-	sentinels []error
+	// weak: a quorum granted, with validity (possibly <= 0) below minimum.
+	weak              bool
+	validity, minimum time.Duration
+	sentinels         []error
 }
 
 // newQuorumError builds the error of a failed round: it matches the given
@@ -215,57 +283,158 @@ func (e *QuorumError) HolderMetadata() (metadata string, ok bool) {
 // release.
 func (e *QuorumError) Holder() (metadata string, ok bool) { return e.HolderMetadata() }
 
-// Error reads, for example, `redlock: acquire ["a"]: 1 of 3 nodes granted,
-// 2 needed; node 1 (10.0.0.2:6379) held by another owner; node 2
-// (10.0.0.3:6379) no answer within the node timeout`.
+// Error names the lock, what the round failed to do, the count of nodes
+// against the quorum, and every node's outcome in words, for example
+// `redlock: lock "a" not acquired: 1 of 3 nodes granted, quorum is 2:
+// 10.0.0.1:6379 granted (released again); 10.0.0.2:6379 held by "worker-2"
+// for another 850ms; 10.0.0.3:6379 no answer within the 100ms node
+// timeout`.
 func (e *QuorumError) Error() string {
-	var b strings.Builder
-	verb := map[string]string{"acquire": "granted", "fence": "recorded the fencing token", "check": "confirmed the token",
-		"extend": "extended", "release": "released", "holder": "answered"}[e.Op]
-	if verb == "" {
-		verb = "ok"
+	subject := lockName(e.Resources)
+	if e.Op == "holder" {
+		subject = "holder of " + quoteNames(e.Resources)
 	}
-	fmt.Fprintf(&b, "redlock: %s %q: %d of %d nodes %s, %d needed", e.Op, e.Resources, e.Count(OutcomeOK), len(e.Nodes), verb, e.Quorum)
-	if e.validity != 0 {
-		fmt.Fprintf(&b, "; refused: the grant left %v of validity, below the minimum (raise the TTL or WithMinValidity)",
-			e.validity.Round(time.Microsecond))
-	}
-	for _, r := range e.Nodes {
-		if r.Outcome == OutcomeOK {
-			continue
+	return "redlock: " + subject + " " + e.outcome() + ": " + e.body()
+}
+
+// outcome says what the round failed to do: "not acquired", "lost", ...
+func (e *QuorumError) outcome() string {
+	lost := slices.Contains(e.sentinels, ErrLockLost)
+	switch e.Op {
+	case "acquire", "fence", "check":
+		return "not acquired"
+	case "extend":
+		if lost {
+			return "lost"
 		}
-		fmt.Fprintf(&b, "; node %d (%s) %s", r.Node, r.Addr, describe(e.Op, r))
+		return "not extended"
+	case "release":
+		if lost {
+			return "lost"
+		}
+		return "not released"
+	case "holder":
+		return "unknown"
+	}
+	return "failed in its " + e.Op + " round"
+}
+
+// body is what the round found: the nodes that did their part against the
+// quorum, why that was not enough, and every node's outcome.
+func (e *QuorumError) body() string {
+	var b strings.Builder
+	nodes := "nodes"
+	if len(e.Nodes) == 1 {
+		nodes = "node"
+	}
+	fmt.Fprintf(&b, "%d of %d %s %s, quorum is %d", e.Count(OutcomeOK), len(e.Nodes), nodes, okVerb(e.Op), e.Quorum)
+	switch {
+	case slices.Contains(e.sentinels, ErrClosed):
+		b.WriteString(", the client was closed")
+	case slices.Contains(e.sentinels, ErrUnavailable):
+		b.WriteString(", too many nodes failed")
+	}
+	if e.weak {
+		if e.validity > 0 {
+			fmt.Fprintf(&b, ", but only %v of validity remained, below the minimum %v", e.validity.Round(time.Microsecond), e.minimum.Round(time.Microsecond))
+		} else {
+			fmt.Fprintf(&b, ", but no validity remained, the minimum is %v", e.minimum.Round(time.Microsecond))
+		}
+		b.WriteString(" (use a longer TTL or a lower WithMinValidity)")
+	}
+	for i, r := range e.Nodes {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString("; ")
+		}
+		if r.Addr != "" {
+			b.WriteString(r.Addr)
+		} else {
+			fmt.Fprintf(&b, "node %d", r.Node)
+		}
+		b.WriteString(" ")
+		b.WriteString(describe(e, r))
 	}
 	return b.String()
 }
 
-// describe says in words what node result r means in a round of op.
-func describe(op string, r NodeResult) string {
+// okVerb says what a node with OutcomeOK did in a round of op.
+func okVerb(op string) string {
+	switch op {
+	case "acquire":
+		return "granted"
+	case "fence":
+		return "recorded the fencing token"
+	case "check":
+		return "confirmed the fencing token"
+	case "extend":
+		return "extended"
+	case "release":
+		return "released"
+	case "holder":
+		return "answered"
+	}
+	return "succeeded"
+}
+
+// describe says in words what node result r means in round e.
+func describe(e *QuorumError, r NodeResult) string {
 	switch r.Outcome {
-	case OutcomeHeld:
-		if op == "acquire" {
-			if r.Holder != "" {
-				return fmt.Sprintf("held by %q", r.Holder)
-			}
-			return "held by another owner"
+	case OutcomeOK:
+		if e.Op == "acquire" {
+			return "granted (released again)"
 		}
-		if op == "fence" || op == "check" {
-			return "has a newer fencing token"
+		return okVerb(e.Op)
+	case OutcomeHeld:
+		switch e.Op {
+		case "acquire":
+			return refusedText(e, r)
+		case "fence", "check":
+			return "has a larger fencing token from another acquisition"
 		}
 		return "no longer holds this lock"
 	case OutcomeError:
+		if errors.Is(r.Err, ErrClosed) || errors.Is(r.Err, node.ErrClosed) {
+			return "not sent: the client was closed"
+		}
 		return fmt.Sprintf("failed: %v", r.Err)
 	case OutcomeTimeout:
-		if r.canceled {
-			return fmt.Sprintf("not awaited: %v", r.Err)
+		var na *noAnswerError
+		switch {
+		case r.canceled:
+			return fmt.Sprintf("cut short by the caller's context (%v)", r.Err)
+		case errors.As(r.Err, &na):
+			return na.msg
+		case r.Err == nil:
+			return "no answer in time"
 		}
-		return fmt.Sprintf("no answer: %v", r.Err)
+		return fmt.Sprintf("no answer in time (%v)", r.Err)
 	case OutcomeGated:
-		return "in its restart gate (it lost its data recently)"
+		return "not voting yet: it lost its data recently and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
-		return "not awaited (the other nodes decided the round)"
+		return "not waited for: the other nodes' answers had decided the outcome"
 	}
 	return r.Outcome.String()
+}
+
+// refusedText says who holds what on a node that refused an acquisition:
+// `held by "worker-2" for another 850ms`, naming the resource when the lock
+// has several or the refusing key is its record (WithRecord).
+func refusedText(e *QuorumError, r NodeResult) string {
+	var b strings.Builder
+	if r.Resource != "" && (len(e.Resources) != 1 || r.Resource != e.Resources[0]) {
+		fmt.Fprintf(&b, "%q ", r.Resource)
+	}
+	if r.Holder != "" {
+		fmt.Fprintf(&b, "held by %q", r.Holder)
+	} else {
+		b.WriteString("held by another owner")
+	}
+	if r.HolderTTL > 0 {
+		fmt.Fprintf(&b, " for another %v", r.HolderTTL)
+	}
+	return b.String()
 }
 
 // Unwrap returns the sentinels this error matches.

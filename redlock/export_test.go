@@ -1,7 +1,16 @@
 package redlock
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Flush returns once every command c has queued so far has been answered
 // or dropped.
 func Flush(c *Client, ctx context.Context) error { return c.flush(ctx) }
+
+// SetWeakGrant makes q the error of a round that a quorum granted with
+// too little validity left: validity, below minimum.
+func SetWeakGrant(q *QuorumError, validity, minimum time.Duration) {
+	q.weak, q.validity, q.minimum = true, validity, minimum
+}

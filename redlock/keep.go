@@ -34,7 +34,7 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 	ctx, span := c.tel.startOp(ctx, tracing.SpanDo, resources, ttl)
 	defer func() { endOp(span, err) }()
 	if fn == nil {
-		return invalidf("nil fn")
+		return invalidf("Do called with a nil fn")
 	}
 	l, err := c.Acquire(ctx, resources, ttl, opts...)
 	if err != nil {
@@ -48,7 +48,7 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 		case lost != nil:
 			err = errors.Join(err, lost) // the loss is the error; Release only cleaned up
 		case rerr != nil:
-			err = errors.Join(err, fmt.Errorf("redlock: release after Do: %w", rerr))
+			err = errors.Join(err, wrapf([]error{rerr}, "release after Do failed: %s", detail(rerr)))
 		}
 	}()
 	return fn(fctx)
@@ -70,7 +70,7 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 // Lock returns ctx and a stop that reports ErrInvalidArgument.
 func (l *Lock) Keep(ctx context.Context, opts ...LockOption) (kctx context.Context, stop func() error) {
 	if l == nil {
-		err := invalidf("Keep on a nil *Lock")
+		err := invalidf("Keep called on a nil *Lock")
 		return ctx, func() error { return err }
 	}
 	cfg := l.cfg
@@ -118,6 +118,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 	margin := ttl / 10
 	retry := max(ttl/10, time.Millisecond)
 	next := l.Until().Add(every - ttl)
+	var failed error // the last extension's failure since the last success
 	for {
 		deadline := l.Until().Add(-margin)
 		if next.After(deadline) {
@@ -134,7 +135,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 		case <-t.C:
 		}
 		if !time.Now().Before(deadline) {
-			return l.lose(ctx, cancel, fmt.Errorf("%w: %q: no extension reached a quorum before %v", ErrLockLost, l.resources, deadline))
+			return l.lose(ctx, cancel, l.lostErr("no extension reached a quorum", failed))
 		}
 		// Extend in its own goroutine so that the deadline holds even while
 		// nodes hang: the round itself is bounded by the node timeout.
@@ -146,15 +147,15 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 			dt.Stop()
 			switch {
 			case err == nil:
-				next = l.Until().Add(every - ttl)
+				next, failed = l.Until().Add(every-ttl), nil
 			case errors.Is(err, ErrLockLost):
 				return l.lose(ctx, cancel, err)
 			default:
 				l.c.log.Debug("redlock: extension failed; retrying", "resources", l.resources, "err", err)
-				next = time.Now().Add(retry)
+				next, failed = time.Now().Add(retry), err
 			}
 		case <-dt.C:
-			err := l.lose(ctx, cancel, fmt.Errorf("%w: %q: extension did not finish before %v", ErrLockLost, l.resources, deadline))
+			err := l.lose(ctx, cancel, l.lostErr("an extension was still waiting for the nodes", failed))
 			<-res
 			return err
 		case <-stop:
@@ -163,6 +164,28 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 			return nil
 		}
 	}
+}
+
+// lostErr is the error of a lock that Keep gives up on because of what
+// happened, with the last extension's failure: it says how long the
+// validity has left (Keep gives up a tenth of the TTL before it ends), or
+// how long ago it ended: then, with no failed extension, Keep's timer
+// fired late, as it does in a process that was paused.
+func (l *Lock) lostErr(what string, failed error) error {
+	msg := fmt.Sprintf("%s lost: %s", lockName(l.resources), what)
+	until := l.Until()
+	if left := time.Until(until).Round(time.Millisecond); left > 0 {
+		msg += fmt.Sprintf(" and its validity ends in %v", left)
+	} else {
+		msg += fmt.Sprintf(" before its validity ended %v ago", ago(until))
+		if failed == nil {
+			msg += " (was the process paused?)"
+		}
+	}
+	if failed != nil {
+		msg += "; the last extension failed: " + detail(failed)
+	}
+	return wrapf([]error{ErrLockLost}, "%s", msg)
 }
 
 // lose marks l lost, cancels fn's ctx with err and logs it.

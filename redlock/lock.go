@@ -58,12 +58,12 @@ const (
 // newLock validates one call's input and prepares its Lock.
 func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Duration, opts []LockOption) (*Lock, error) {
 	if c.closed.Load() {
-		return nil, fmt.Errorf("%w: %w", ErrNotAcquired, ErrClosed)
+		return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired: the client is closed", lockName(resources))
 	}
 	cfg := c.cfg.lock
 	for i, o := range opts {
 		if o == nil {
-			return nil, invalidf("option %d is nil", i)
+			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
 		}
 		o.applyLock(&cfg)
 	}
@@ -107,16 +107,16 @@ func (c *Client) checkRecord(cfg *lockConfig, resources []string) error {
 	case cfg.record == "" && cfg.recordTTL == 0:
 		return nil
 	case cfg.record == "":
-		return invalidf("empty record name (WithRecord)")
+		return invalidf("the record name (WithRecord) is empty")
 	case hasNUL(cfg.record):
-		return invalidf("record %q contains a NUL byte (WithRecord)", cfg.record)
+		return invalidf("record name %q (WithRecord) contains a NUL byte", cfg.record)
 	case slices.Contains(resources, cfg.record):
-		return invalidf("record %q is also a resource of the lock (WithRecord)", cfg.record)
+		return invalidf("record name %q (WithRecord) is also a resource of the lock", cfg.record)
 	case cfg.owner != "":
-		return invalidf("a record (WithRecord) cannot be combined with an owner (WithOwner)")
+		return invalidf("WithRecord cannot be combined with WithOwner")
 	}
-	if err := c.checkTTL(cfg.recordTTL); err != nil {
-		return fmt.Errorf("record %q: %w", cfg.record, err)
+	if p := c.ttlProblem(cfg.recordTTL); p != "" {
+		return invalidf("record %q (WithRecord): %s", cfg.record, p)
 	}
 	return nil
 }
@@ -125,15 +125,15 @@ func (c *Client) checkRecord(cfg *lockConfig, resources []string) error {
 func (cfg *lockConfig) validate() error {
 	switch {
 	case cfg.retry == nil:
-		return invalidf("nil retry policy factory (WithRetry)")
+		return invalidf("the retry policy factory (WithRetry) is nil")
 	case len(cfg.metadata) > MaxMetadata:
-		return invalidf("metadata of %d bytes is longer than the %d allowed (WithMetadata)", len(cfg.metadata), MaxMetadata)
+		return invalidf("metadata (WithMetadata) is %d bytes, more than the maximum %d", len(cfg.metadata), MaxMetadata)
 	case cfg.ownerSet && cfg.owner == "":
-		return invalidf("empty owner ID (WithOwner)")
+		return invalidf("owner ID (WithOwner) is empty")
 	case len(cfg.owner) > MaxOwner:
-		return invalidf("owner ID of %d bytes is longer than the %d allowed (WithOwner)", len(cfg.owner), MaxOwner)
+		return invalidf("owner ID (WithOwner) is %d bytes, more than the maximum %d", len(cfg.owner), MaxOwner)
 	case cfg.nodeTimeoutSet && cfg.nodeTimeout <= 0:
-		return invalidf("node timeout %v is not positive (WithNodeTimeout)", cfg.nodeTimeout)
+		return invalidf("node timeout %v (WithNodeTimeout) is not positive", cfg.nodeTimeout)
 	}
 	return nil
 }
@@ -142,17 +142,17 @@ func (cfg *lockConfig) validate() error {
 // with a NUL byte (keys.go).
 func (c *Client) checkResources(resources []string) error {
 	if len(resources) == 0 {
-		return invalidf("empty resource list")
+		return invalidf("no resources: name at least one")
 	}
 	seen := make(map[string]int, len(resources))
 	for i, r := range resources {
 		switch j, dup := seen[r]; {
 		case r == "":
-			return invalidf("resource %d is empty", i)
+			return invalidf("resources[%d] is empty", i)
 		case hasNUL(r):
 			return invalidf("resource %q contains a NUL byte", r)
 		case dup:
-			return invalidf("resource %q appears twice (at %d and %d)", r, j, i)
+			return invalidf("resource %q is listed twice (resources[%d] and resources[%d])", r, j, i)
 		}
 		seen[r] = i
 	}
@@ -239,12 +239,12 @@ func (l *Lock) checkHeld(ctx context.Context) (value, aid string, until time.Tim
 	defer l.mu.Unlock()
 	switch {
 	case l.state == stateReleased:
-		return "", "", l.until, fmt.Errorf("%w: %q was already released", ErrLockLost, l.resources)
+		return "", "", l.until, wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
 	case l.state == stateLost:
-		return "", "", l.until, fmt.Errorf("%w: %q", ErrLockLost, l.resources)
+		return "", "", l.until, wrapf([]error{ErrLockLost}, "%s was already lost", lockName(l.resources))
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
-		return "", "", l.until, fmt.Errorf("%w: %q: its validity ended %v ago", ErrLockLost, l.resources, ago(l.until))
+		return "", "", l.until, wrapf([]error{ErrLockLost}, "%s lost: its validity ended %v ago", lockName(l.resources), ago(l.until))
 	}
 	return l.value, l.aid, l.until, nil
 }
@@ -270,7 +270,7 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // node timeout; ctx can end it sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
-		return invalidf("Extend on a nil *Lock")
+		return invalidf("Extend called on a nil *Lock")
 	}
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanExtend, l.resources, ttl)
@@ -279,7 +279,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 		return err
 	}
 	if c.closed.Load() {
-		return fmt.Errorf("redlock: extend %q: %w", l.resources, ErrClosed)
+		return wrapf([]error{ErrClosed}, "%s not extended: the client is closed", lockName(l.resources))
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
@@ -298,11 +298,11 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	defer l.mu.Unlock()
 	switch {
 	case l.state != stateHeld: // lost meanwhile (Keep's deadline)
-		return fmt.Errorf("%w: %q was lost during Extend", ErrLockLost, l.resources)
+		return wrapf([]error{ErrLockLost}, "%s lost while Extend waited for the nodes: no extension reached a quorum in time", lockName(l.resources))
 	case count(rs, OutcomeOK) >= c.quorum:
 		if v := c.validity(start, ttl); v <= 0 {
 			l.setStateLocked(ctx, stateLost)
-			return fmt.Errorf("%w: %q: the extension took longer than its TTL %v", ErrLockLost, l.resources, ttl)
+			return wrapf([]error{ErrLockLost}, "%s lost: the nodes took longer than its %v TTL to confirm the extension", lockName(l.resources), ttl)
 		}
 		l.until, l.ttl = start.Add(ttl-c.drift(ttl)), ttl
 		return nil
@@ -318,11 +318,12 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	switch {
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
-		return fmt.Errorf("%w: %q: its validity ended before a quorum confirmed the extension: %w",
-			ErrLockLost, l.resources, newQuorumError("extend", l.resources, c.quorum, rs, true))
+		q := newQuorumError("extend", l.resources, c.quorum, rs, true)
+		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the extension: %s",
+			lockName(l.resources), q.body())
 	case ctx.Err() != nil: // the caller gave up: not the nodes' failure
-		return fmt.Errorf("redlock: extend %q: %w (%w)", l.resources, context.Cause(ctx),
-			newQuorumError("extend", l.resources, c.quorum, rs, false))
+		cause, q := context.Cause(ctx), newQuorumError("extend", l.resources, c.quorum, rs, false)
+		return wrapf([]error{cause, q}, "%s not extended: %v; %s", lockName(l.resources), cause, q.body())
 	}
 	return newQuorumError("extend", l.resources, c.quorum, rs, true) // nodes failed
 }
@@ -344,13 +345,13 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 // quorum confirmed the deletion; keys left on them expire with the TTL).
 func (l *Lock) Release(ctx context.Context) (err error) {
 	if l == nil {
-		return invalidf("Release on a nil *Lock")
+		return invalidf("Release called on a nil *Lock")
 	}
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanRelease, l.resources, 0)
 	defer func() { endOp(span, err) }()
 	if c.closed.Load() {
-		return fmt.Errorf("redlock: release %q: %w (its keys expire with their TTL)", l.resources, ErrClosed)
+		return wrapf([]error{ErrClosed}, "%s not released: the client is closed; its keys expire with their TTL", lockName(l.resources))
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
@@ -359,7 +360,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	l.setStateLocked(ctx, stateReleased)
 	l.mu.Unlock()
 	if prev == stateReleased {
-		return fmt.Errorf("%w: %q was already released", ErrLockLost, l.resources)
+		return wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
 	}
 	notice := c.wake.noticeID(value)
 	rs := c.round(ctx, c.releaseSpec(l, "release", value, aid, notice, nil))
@@ -370,8 +371,9 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 		c.wake.released(l.keys[:l.n], notice)
 		return nil
 	case expired || prev == stateLost:
-		return fmt.Errorf("%w: %q: its validity had ended (the keys still held on a node are deleted): %w",
-			ErrLockLost, l.resources, newQuorumError("release", l.resources, c.quorum, rs, false))
+		q := newQuorumError("release", l.resources, c.quorum, rs, false)
+		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity had ended before Release (its keys are deleted where they remained): %s",
+			lockName(l.resources), q.body())
 	case count(rs, OutcomeHeld) > len(rs)-c.quorum:
 		return newQuorumError("release", l.resources, c.quorum, rs, false, ErrLockLost)
 	}
@@ -400,7 +402,7 @@ func parseInt(want int64) func(*redis.Cmd) NodeResult {
 		v, err := cmd.Int64()
 		switch {
 		case err != nil:
-			return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("redlock: unexpected reply %v", cmd.Val())}
+			return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %v", cmd.Val())}
 		case v == want:
 			return NodeResult{Outcome: OutcomeOK}
 		}

@@ -51,17 +51,17 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		want  string
 	}{
 		{"no nodes", nil, nil, "no nodes"},
-		{"nil node", []redis.UniversalClient{a, nil}, nil, "node 1 is nil"},
-		{"typed nil node", []redis.UniversalClient{typedNil}, nil, "node 0 is nil"},
-		{"same client twice", []redis.UniversalClient{a, b, a}, nil, "node 2 (127.0.0.1:1) repeats node 0"},
-		{"same address twice", []redis.UniversalClient{a, sameAddr}, nil, "node 1 (127.0.0.1:1) repeats node 0"},
+		{"nil node", []redis.UniversalClient{a, nil}, nil, "nodes[1] is nil"},
+		{"typed nil node", []redis.UniversalClient{typedNil}, nil, "nodes[0] is nil"},
+		{"same client twice", []redis.UniversalClient{a, b, a}, nil, "nodes[0] and nodes[2] are the same node (127.0.0.1:1)"},
+		{"same address twice", []redis.UniversalClient{a, sameAddr}, nil, "nodes[0] and nodes[1] are the same node (127.0.0.1:1)"},
 		{"negative drift", []redis.UniversalClient{a}, []redlock.Option{redlock.WithDriftFactor(-0.1)}, "drift factor -0.1"},
 		{"drift 0.5", []redis.UniversalClient{a}, []redlock.Option{redlock.WithDriftFactor(0.5)}, "drift factor 0.5"},
 		{"drift NaN", []redis.UniversalClient{a}, []redlock.Option{redlock.WithDriftFactor(math.NaN())}, "drift factor NaN"},
 		{"zero node timeout", []redis.UniversalClient{a}, []redlock.Option{redlock.WithNodeTimeout(0)}, "node timeout 0s"},
 		{"min validity 1", []redis.UniversalClient{a}, []redlock.Option{redlock.WithMinValidity(1)}, "minimum validity 1"},
-		{"nil retry", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRetry(nil)}, "nil retry policy"},
-		{"nil option", []redis.UniversalClient{a}, []redlock.Option{nil}, "option 0 is nil"},
+		{"nil retry", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRetry(nil)}, "retry policy factory (WithRetry) is nil"},
+		{"nil option", []redis.UniversalClient{a}, []redlock.Option{nil}, "option 1 of 1 is nil"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -89,9 +89,9 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		{"ttl zero", []string{"r"}, 0, "TTL 0s"},
 		{"ttl negative", []string{"r"}, -time.Second, "TTL -1s"},
 		{"ttl below drift", []string{"r"}, 3 * time.Millisecond, "TTL 3ms is too short"},
-		{"no resources", nil, time.Second, "empty resource list"},
-		{"empty resource", []string{"a", ""}, time.Second, "resource 1 is empty"},
-		{"duplicate resource", []string{"a", "b", "a"}, time.Second, `resource "a" appears twice`},
+		{"no resources", nil, time.Second, "no resources"},
+		{"empty resource", []string{"a", ""}, time.Second, "resources[1] is empty"},
+		{"duplicate resource", []string{"a", "b", "a"}, time.Second, `resource "a" is listed twice`},
 	}
 	ctx := context.Background()
 	for _, tt := range tests {

@@ -299,7 +299,7 @@ func TestBadRetryFactoryAndManyResources(t *testing.T) {
 	}
 	names[len(names)-1] = names[0]
 	_, err = c.TryAcquire(ctx, names, time.Second)
-	if !errors.Is(err, redlock.ErrInvalidArgument) || !strings.Contains(err.Error(), `"n0" appears twice`) {
+	if !errors.Is(err, redlock.ErrInvalidArgument) || !strings.Contains(err.Error(), `"n0" is listed twice`) {
 		t.Errorf("TryAcquire of %d names with a repeat = %v, want ErrInvalidArgument naming n0", len(names), err)
 	}
 }

@@ -237,7 +237,7 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 	case cut && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		r = NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
 	case isTimeout(err):
-		r = NodeResult{Outcome: OutcomeTimeout, Err: err}
+		r = NodeResult{Outcome: OutcomeTimeout, Err: rs.timedOut(err)}
 		p.down.Store(true)
 	default:
 		r = NodeResult{Outcome: OutcomeError, Err: err}
@@ -302,7 +302,7 @@ func (rs *roundState) finish() []NodeResult {
 	case !rs.spec.detach && rs.ctx.Err() != nil:
 		missing, cut, cause = OutcomeTimeout, true, context.Cause(rs.ctx)
 	default:
-		missing, cause = OutcomeTimeout, fmt.Errorf("no answer within the node timeout %v", rs.nodeTimeout())
+		missing, cause = OutcomeTimeout, &noAnswerError{msg: rs.limitText()}
 	}
 	if !rs.decided {
 		rs.decided = true // answers after this are not recorded
@@ -329,7 +329,34 @@ func (rs *roundState) finish() []NodeResult {
 
 // errDown is the error of a node that a round did not wait for: it has not
 // answered since a call timed out.
-var errDown = errors.New("not awaited: no answer since an earlier call timed out")
+var errDown = &noAnswerError{msg: "not waited for: it has not answered since an earlier call timed out"}
+
+// noAnswerError is the Err of a node that gave no answer within the
+// round's limit: msg says which limit; err is the call's own error, if any.
+type noAnswerError struct {
+	msg string
+	err error
+}
+
+func (e *noAnswerError) Error() string { return e.msg }
+func (e *noAnswerError) Unwrap() error { return e.err }
+
+// limitText says which limit a call without an answer missed.
+func (rs *roundState) limitText() string {
+	if d := rs.spec.deadline; !d.IsZero() && d.Before(rs.start.Add(rs.nodeTimeout())) {
+		return "no answer before the lock's validity ended"
+	}
+	return fmt.Sprintf("no answer within the %v node timeout", rs.nodeTimeout())
+}
+
+// timedOut returns the Err of a call that timed out with err: err,
+// explained when the round's own limit had passed.
+func (rs *roundState) timedOut(err error) error {
+	if d, ok := rs.callCtx.Deadline(); ok && !time.Now().Before(d) {
+		return &noAnswerError{msg: rs.limitText(), err: err}
+	}
+	return err
+}
 
 // isTimeout reports whether err says that no answer came in time.
 func isTimeout(err error) bool {

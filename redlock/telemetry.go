@@ -154,7 +154,7 @@ func classifyErr(err error) (outcome, errType string) {
 // validity.
 func weakGrant(err error) bool {
 	var qerr *QuorumError
-	return errors.As(err, &qerr) && qerr.validity != 0
+	return errors.As(err, &qerr) && qerr.weak
 }
 
 // endAcquire records an Acquire or TryAcquire call's outcome.

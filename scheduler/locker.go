@@ -75,27 +75,29 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		jitter:      DefaultLockJitter,
 		instance:    defaultInstance(),
 	}
-	for _, o := range opts {
+	for i, o := range opts {
 		if o == nil {
-			return nil, invalidf("nil LockerOption")
+			return nil, invalidf("LockerOption %d of %d is nil", i+1, len(opts))
 		}
 		o(&cfg)
 	}
 	switch {
 	case client == nil:
-		return nil, invalidf("nil *redlock.Client")
+		return nil, invalidf("the *redlock.Client is nil")
 	case cfg.ttl < 10*time.Millisecond:
-		return nil, invalidf("TTL %v is below 10ms", cfg.ttl)
+		return nil, invalidf("TTL %v (WithTTL) is below the minimum 10ms", cfg.ttl)
 	case cfg.tolerance < 0 || cfg.tolerance >= 24*time.Hour:
-		return nil, invalidf("clock tolerance %v is outside [0, 24h)", cfg.tolerance)
+		return nil, invalidf("clock tolerance %v (WithClockTolerance) must be at least 0 and below 24h", cfg.tolerance)
 	case cfg.resolution < time.Millisecond:
-		return nil, invalidf("tick resolution %v is below 1ms", cfg.resolution)
+		return nil, invalidf("tick resolution %v (WithTickResolution) is below the minimum 1ms", cfg.resolution)
 	case cfg.lockTimeout <= 0:
-		return nil, invalidf("lock timeout %v is not positive", cfg.lockTimeout)
+		return nil, invalidf("lock timeout %v (WithLockTimeout) is not positive", cfg.lockTimeout)
 	case cfg.jitter < 0:
-		return nil, invalidf("lock jitter %v is negative", cfg.jitter)
-	case cfg.instance == "" || len(cfg.instance) > maxInstance:
-		return nil, invalidf("instance ID %q is empty or longer than %d bytes", cfg.instance, maxInstance)
+		return nil, invalidf("lock jitter %v (WithLockJitter) is negative", cfg.jitter)
+	case cfg.instance == "":
+		return nil, invalidf("instance ID (WithInstanceID) is empty")
+	case len(cfg.instance) > maxInstance:
+		return nil, invalidf("instance ID (WithInstanceID) is %d bytes, more than the maximum %d", len(cfg.instance), maxInstance)
 	}
 	if cfg.clock == nil {
 		cfg.clock = clockwork.NewRealClock()
@@ -114,11 +116,11 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	meter := mp.Meter(tracing.ScopeScheduler, metric.WithInstrumentationVersion(tracing.Version))
 	runs, err := meter.Int64Counter(tracing.MetricJobRuns, metric.WithUnit("{run}"), metric.WithDescription("Job ticks by lock outcome."))
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: telemetry: %w", err)
+		return nil, fmt.Errorf("scheduler: creating the OpenTelemetry instruments: %w", err)
 	}
 	warns, err := newWarnings(meter, log)
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: telemetry: %w", err)
+		return nil, fmt.Errorf("scheduler: creating the OpenTelemetry instruments: %w", err)
 	}
 	return &Locker{
 		client:      client,
@@ -134,6 +136,9 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 }
 
 // defaultInstance returns "<hostname>-<pid>-<4 random hex bytes>".
+
+// invalidf returns an error that reads "scheduler: invalid argument:
+// <message>" and matches redlock.ErrInvalidArgument.
 func defaultInstance() string {
 	host, err := os.Hostname()
 	if err != nil {
@@ -143,8 +148,23 @@ func defaultInstance() string {
 }
 
 func invalidf(format string, args ...any) error {
-	return fmt.Errorf("%w: scheduler: "+format, append([]any{redlock.ErrInvalidArgument}, args...)...)
+	return &textError{msg: "scheduler: invalid argument: " + fmt.Sprintf(format, args...), errs: []error{redlock.ErrInvalidArgument}}
 }
+
+// textError is an error with a text of its own that matches errs
+// (errors.Is, errors.As): one package prefix, however many errors of other
+// packages it wraps.
+type textError struct {
+	msg  string
+	errs []error
+}
+
+func (e *textError) Error() string   { return e.msg }
+func (e *textError) Unwrap() []error { return e.errs }
+
+// redlockText returns the text of a redlock error without its package
+// prefix, to be quoted in the text of an error that wraps it.
+func redlockText(err error) string { return strings.TrimPrefix(err.Error(), "redlock: ") }
 
 // unstableName matches gocron's default names for closures and method
 // values (runtime function names such as main.main.func1, pkg.T.M-fm).
@@ -154,9 +174,9 @@ var unstableName = regexp.MustCompile(`\.func\d+(\.\d+)*$|-fm$`)
 func checkName(name string) error {
 	switch {
 	case name == "":
-		return fmt.Errorf("%w: empty name", ErrUnstableName)
+		return fmt.Errorf("%w: the job has no name; name it with gocron.WithName", ErrUnstableName)
 	case unstableName.MatchString(name):
-		return fmt.Errorf("%w: %q is gocron's default name for an unnamed function; set gocron.WithName", ErrUnstableName, name)
+		return fmt.Errorf("%w: %q is gocron's default name for an unnamed function; name the job with gocron.WithName", ErrUnstableName, name)
 	}
 	return nil
 }
@@ -332,7 +352,8 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 		case lctx.Err() != nil && last != nil:
 			return nil, last
 		case lctx.Err() != nil:
-			return nil, l.lockError(job, tick, fmt.Errorf("%w: no quorum answered within the lock timeout: %w", redlock.ErrUnavailable, err))
+			return nil, l.lockError(job, tick, &textError{errs: []error{redlock.ErrUnavailable, err},
+				msg: fmt.Sprintf("no quorum answered within the %v lock timeout: %s", l.lockTimeout(job), redlockText(err))})
 		}
 		last = l.lockError(job, tick, err)
 		if !isQuorum {
@@ -488,30 +509,32 @@ const (
 	tickStopped
 )
 
-// Error reads `scheduler: job "J" tick T: redis unavailable: <redlock's
-// error>`, `<ErrHeldElsewhere>: job "J" tick T: tick already taken by H:
-// <redlock's error>` (or "previous run still running on H"), or
-// `scheduler: job "J" tick T: <the error>`.
+// Error reads `scheduler: job "J" tick T held by another instance: the tick
+// was already taken by "H"` (or `its previous run is still running on
+// "H"`), `scheduler: job "J" tick T skipped: Redis unavailable: <what
+// redlock found>`, `scheduler: job "J" tick T skipped: the job was
+// stopped ...`, or `scheduler: job "J" tick T skipped: <redlock's error>`.
+// The holder's round is not quoted: a quorum named the holder, which is
+// all it says.
 func (e *tickError) Error() string {
-	at := e.tick.Format(time.RFC3339Nano)
+	head := fmt.Sprintf("scheduler: job %q tick %s", e.job, e.tick.Format(time.RFC3339Nano))
 	switch e.kind {
 	case tickStopped:
 		cause := strings.TrimPrefix(e.err.Error(), ErrStopped.Error()+": ")
-		return fmt.Sprintf("scheduler: job %q tick %s: skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken: %s",
-			e.job, at, cause)
+		return head + " skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken (" + cause + ")"
 	case tickUnavailable:
-		return fmt.Sprintf("scheduler: job %q tick %s: redis unavailable: %v", e.job, at, e.err)
+		return head + " skipped: Redis unavailable: " + redlockText(e.err)
 	case tickHeld:
-		reason := "tick already taken by " + e.holder
+		reason := fmt.Sprintf("the tick was already taken by %q", e.holder)
 		if e.what == "run" {
-			reason = "previous run still running on " + e.holder
+			reason = fmt.Sprintf("its previous run is still running on %q", e.holder)
 		}
 		if e.duplicate {
-			reason += " (" + ErrDuplicateInstance.Error() + ": another live instance has this instance's ID)"
+			reason += ", another live instance with this instance's ID; give each instance its own ID (WithInstanceID)"
 		}
-		return fmt.Sprintf("%v: job %q tick %s: %s: %v", ErrHeldElsewhere, e.job, at, reason, e.err)
+		return head + " held by another instance: " + reason
 	}
-	return fmt.Sprintf("scheduler: job %q tick %s: %v", e.job, at, e.err)
+	return head + " skipped: " + redlockText(e.err)
 }
 
 // Unwrap gives ErrHeldElsewhere for a tick held elsewhere (and
@@ -629,7 +652,8 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		case lost != nil:
 			r.err = lost
 		case rerr != nil:
-			r.err = fmt.Errorf("scheduler: job %q: release: %w", r.job, rerr)
+			r.err = &textError{msg: fmt.Sprintf("scheduler: job %q tick %s: after the run, %s", r.job, r.tick.Format(time.RFC3339Nano), redlockText(rerr)),
+				errs: []error{rerr}}
 			r.l.log.Warn("scheduler: release after the job failed; the lock expires with its TTL", "job", r.job, "err", rerr)
 		}
 	})

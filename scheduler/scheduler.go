@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,9 +79,9 @@ func WithGocronOptions(opts ...gocron.SchedulerOption) Option {
 // gocron.NewScheduler.
 func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
 	var cfg schedConfig
-	for _, o := range opts {
+	for i, o := range opts {
 		if o == nil {
-			return nil, invalidf("nil Option")
+			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
 		}
 		o(&cfg)
 	}
@@ -94,7 +95,7 @@ func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
 	}, cfg.gocron...)
 	s, err := gocron.NewScheduler(gopts...)
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: %w", err)
+		return nil, &textError{msg: "scheduler: creating the gocron scheduler: " + gocronText(err), errs: []error{err}}
 	}
 	return &Scheduler{Scheduler: s, locker: locker}, nil
 }
@@ -156,7 +157,7 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 	if id, ok := s.names[name]; ok && id != j.ID() {
 		for _, other := range s.Scheduler.Jobs() {
 			if other.ID() != j.ID() && other.Name() == name {
-				return fail(fmt.Errorf("%w: %q (job %s already has it)", ErrDuplicateName, name, other.ID()))
+				return fail(fmt.Errorf("%w: job %s is already named %q", ErrDuplicateName, other.ID(), name))
 			}
 		}
 	}
@@ -181,15 +182,25 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 		gocron.WithStartAt(gocron.WithStartDateTimePast(anchor)),
 		gocron.WithIdentifier(j.ID()))
 	if err := s.Scheduler.RemoveJob(j.ID()); err != nil {
-		return nil, fmt.Errorf("scheduler: re-creating duration job %q: %w", name, err)
+		return nil, recreateError(name, err)
 	}
 	j, err := s.Scheduler.NewJob(def, task, aligned...)
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: re-creating duration job %q: %w", name, err)
+		return nil, recreateError(name, err)
 	}
 	s.locker.setResolution(name, ds.Duration)
 	return j, nil
 }
+
+// recreateError is the error of a duration job that could not be
+// re-created on its tick grid.
+func recreateError(name string, err error) error {
+	return &textError{msg: fmt.Sprintf("scheduler: re-creating duration job %q on its tick grid: %s", name, gocronText(err)), errs: []error{err}}
+}
+
+// gocronText returns the text of a gocron error without gocron's package
+// prefix, to be quoted in the text of an error that wraps it.
+func gocronText(err error) string { return strings.TrimPrefix(err.Error(), "gocron: ") }
 
 // setResolution sets the tick grid of job (0: the default resolution).
 func (l *Locker) setResolution(job string, every time.Duration) {

@@ -96,7 +96,7 @@ func Setup(ctx context.Context, serviceName string) (shutdown func(context.Conte
 		resource.WithFromEnv(),
 	)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
-		return nil, fmt.Errorf("otlp: resource: %w", err)
+		return nil, fmt.Errorf("otlp: reading the resource attributes: %w", err)
 	}
 
 	var stops []func(context.Context) error
@@ -116,7 +116,7 @@ func Setup(ctx context.Context, serviceName string) (shutdown func(context.Conte
 			exp, err = otlptracehttp.New(ctx)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("otlp: trace exporter (%s): %w", tracesProto, err)
+			return nil, fmt.Errorf("otlp: creating the %s trace exporter: %w", tracesProto, err)
 		}
 		// NewTracerProvider reads OTEL_TRACES_SAMPLER and the span limits,
 		// NewBatchSpanProcessor the OTEL_BSP_* variables.
@@ -133,7 +133,7 @@ func Setup(ctx context.Context, serviceName string) (shutdown func(context.Conte
 		}
 		if err != nil {
 			_ = shutdown(ctx)
-			return nil, fmt.Errorf("otlp: metric exporter (%s): %w", metricsProto, err)
+			return nil, fmt.Errorf("otlp: creating the %s metric exporter: %w", metricsProto, err)
 		}
 		// NewPeriodicReader reads OTEL_METRIC_EXPORT_INTERVAL and _TIMEOUT.
 		// The instruments carry their own bucket boundaries
@@ -162,7 +162,7 @@ func exporterEnabled(key string) (bool, error) {
 	case "none":
 		return false, nil
 	default:
-		return false, fmt.Errorf("otlp: %s=%q: only otlp and none are supported", key, os.Getenv(key))
+		return false, fmt.Errorf("otlp: %s=%q is not supported: use otlp or none", key, os.Getenv(key))
 	}
 }
 
@@ -177,7 +177,7 @@ func protocol(signal string) (string, error) {
 		case protocolHTTP, protocolGRPC:
 			return v, nil
 		default:
-			return "", fmt.Errorf("otlp: %s=%q: want %s or %s", key, v, protocolHTTP, protocolGRPC)
+			return "", fmt.Errorf("otlp: %s=%q is not supported: use %s or %s", key, v, protocolHTTP, protocolGRPC)
 		}
 	}
 	return protocolHTTP, nil

@@ -466,7 +466,7 @@ func (c *contender) run(ctx context.Context, r *rand.Rand) {
 				c.stats.unavailable++
 			}
 			var qerr *redlock.QuorumError
-			if errors.As(err, &qerr) && strings.Contains(qerr.Error(), "below the minimum") {
+			if errors.As(err, &qerr) && strings.Contains(qerr.Error(), "validity remained") {
 				c.stats.weak++
 			}
 			c.stats.mu.Unlock()

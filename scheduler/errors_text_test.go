@@ -1,0 +1,169 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/scheduler"
+)
+
+// The error texts are part of what a user reads in a log: these tests pin
+// the texts of the common errors.
+
+// checkText fails t unless err reads want exactly and matches each of
+// sentinels.
+func checkText(t *testing.T, what string, err error, want string, sentinels ...error) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: no error, want %q", what, want)
+		return
+	}
+	for _, s := range sentinels {
+		if !errors.Is(err, s) {
+			t.Errorf("%s = %v, want an error matching %v", what, err, s)
+		}
+	}
+	if err.Error() != want {
+		t.Errorf("%s reads\n%s\nwant\n%s", what, err, want)
+	}
+}
+
+func TestLockerOptionTexts(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	tests := []struct {
+		name   string
+		client *redlock.Client
+		opts   []scheduler.LockerOption
+		want   string
+	}{
+		{"nil client", nil, nil, "scheduler: invalid argument: the *redlock.Client is nil"},
+		{"tiny TTL", c, []scheduler.LockerOption{scheduler.WithTTL(time.Millisecond)},
+			"scheduler: invalid argument: TTL 1ms (WithTTL) is below the minimum 10ms"},
+		{"negative tolerance", c, []scheduler.LockerOption{scheduler.WithClockTolerance(-time.Second)},
+			"scheduler: invalid argument: clock tolerance -1s (WithClockTolerance) must be at least 0 and below 24h"},
+		{"zero resolution", c, []scheduler.LockerOption{scheduler.WithTickResolution(0)},
+			"scheduler: invalid argument: tick resolution 0s (WithTickResolution) is below the minimum 1ms"},
+		{"zero lock timeout", c, []scheduler.LockerOption{scheduler.WithLockTimeout(0)},
+			"scheduler: invalid argument: lock timeout 0s (WithLockTimeout) is not positive"},
+		{"negative jitter", c, []scheduler.LockerOption{scheduler.WithLockJitter(-time.Millisecond)},
+			"scheduler: invalid argument: lock jitter -1ms (WithLockJitter) is negative"},
+		{"empty instance ID", c, []scheduler.LockerOption{scheduler.WithInstanceID("")},
+			"scheduler: invalid argument: instance ID (WithInstanceID) is empty"},
+		{"long instance ID", c, []scheduler.LockerOption{scheduler.WithInstanceID(strings.Repeat("x", 1000))},
+			"scheduler: invalid argument: instance ID (WithInstanceID) is 1000 bytes, more than the maximum 994"},
+		{"nil option", c, []scheduler.LockerOption{scheduler.WithTTL(time.Second), nil},
+			"scheduler: invalid argument: LockerOption 2 of 2 is nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := scheduler.NewLocker(tt.client, tt.opts...)
+			checkText(t, "NewLocker", err, tt.want, redlock.ErrInvalidArgument)
+		})
+	}
+	_, err := scheduler.New(c, nil)
+	checkText(t, "New with a nil Option", err, "scheduler: invalid argument: option 1 of 1 is nil", redlock.ErrInvalidArgument)
+}
+
+func TestLockErrorTexts(t *testing.T) {
+	c, _ := miniClient(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, b := twoLockers(t, c, clock)
+	ctx := context.Background()
+
+	la, err := a.Lock(ctx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Lock(ctx, "report")
+	checkText(t, "Lock of a tick taken", err,
+		`scheduler: job "report" tick 2026-01-01T12:00:00Z held by another instance: the tick was already taken by "a"`,
+		scheduler.ErrHeldElsewhere)
+
+	clock.Advance(time.Second) // a's run goes on into the next tick
+	_, err = b.Lock(ctx, "report")
+	checkText(t, "Lock while a run goes on", err,
+		`scheduler: job "report" tick 2026-01-01T12:00:01Z held by another instance: its previous run is still running on "a"`,
+		scheduler.ErrHeldElsewhere)
+	if err := la.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another process with a's instance ID took the tick.
+	clock.Advance(time.Second)
+	twin, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"), scheduler.WithLockJitter(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt, err := twin.Lock(ctx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lt.Unlock(ctx) })
+	_, err = a.Lock(ctx, "report")
+	checkText(t, "Lock of a tick taken by a twin", err,
+		`scheduler: job "report" tick 2026-01-01T12:00:02Z held by another instance: the tick was already taken by "a", `+
+			`another live instance with this instance's ID; give each instance its own ID (WithInstanceID)`,
+		scheduler.ErrHeldElsewhere, scheduler.ErrDuplicateInstance)
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = b.Lock(cctx, "stopped")
+	checkText(t, "Lock of a stopped job", err,
+		`scheduler: job "stopped" tick 2026-01-01T12:00:02Z skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) `+
+			`while its lock was being taken (context canceled)`,
+		scheduler.ErrStopped, context.Canceled)
+
+	_, err = b.Lock(ctx, "main.main.func1")
+	checkText(t, "Lock of an unnamed function", err,
+		`scheduler: job name is not stable across instances: "main.main.func1" is gocron's default name for an unnamed function; `+
+			`name the job with gocron.WithName`, scheduler.ErrUnstableName)
+	_, err = b.Lock(ctx, "")
+	checkText(t, "Lock of an empty name", err,
+		`scheduler: job name is not stable across instances: the job has no name; name it with gocron.WithName`, scheduler.ErrUnstableName)
+}
+
+func TestNewJobErrorTexts(t *testing.T) {
+	s := newMiniScheduler(t)
+	task := gocron.NewTask(func() {})
+	_, err := s.NewJob(gocron.DurationRandomJob(time.Second, 2*time.Second), task, gocron.WithName("jitter"))
+	checkText(t, "NewJob of a random interval", err,
+		`scheduler: a random-interval job has no ticks common to the instances: job "jitter" runs every 1s to 2s at random; `+
+			`use a fixed interval (gocron.DurationJob) or a cron schedule`, scheduler.ErrRandomSchedule)
+
+	first, err := s.NewJob(gocron.CronJob("* * * * * *", true), task, gocron.WithName("report"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.NewJob(gocron.CronJob("* * * * * *", true), task, gocron.WithName("report"))
+	checkText(t, "NewJob of a name taken", err,
+		`scheduler: duplicate job name: job `+first.ID().String()+` is already named "report"`, scheduler.ErrDuplicateName)
+}
+
+// TestUnavailableText: the head of the text is the scheduler's, the rest
+// is redlock's count of the nodes, without redlock's package prefix.
+func TestUnavailableText(t *testing.T) {
+	c, ms := miniClient(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, _ := twoLockers(t, c, clock)
+	for _, m := range ms[:2] {
+		m.Close()
+	}
+	_, err := a.Lock(context.Background(), "report")
+	want := regexp.MustCompile(`^scheduler: job "report" tick 2026-01-01T12:00:00Z skipped: Redis unavailable: ` +
+		`(?:no quorum answered within the \S+ lock timeout: )?lock "schedlock:job:report" not acquired(?:: context deadline exceeded; the attempt)?: ` +
+		`[0-3] of 3 nodes granted, quorum is 2, too many nodes failed: [^;]+; [^;]+; [^;]+$`)
+	if !errors.Is(err, redlock.ErrUnavailable) || !want.MatchString(err.Error()) {
+		t.Errorf("Lock with 2 of 3 nodes down = %v, want ErrUnavailable matching\n%s", err, want)
+	}
+	if strings.Contains(err.Error(), "redlock:") {
+		t.Errorf("Lock error %q repeats redlock's package prefix", err)
+	}
+}
