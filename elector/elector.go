@@ -2,13 +2,10 @@ package elector
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,8 +81,10 @@ func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config)
 func WithMeterProvider(mp metric.MeterProvider) Option { return func(c *config) { c.meter = mp } }
 
 // WithIdentity sets this candidate's identity, as reported by Leader and
-// OnNewLeader to every candidate. Default: "<hostname>-<pid>-<4 random hex
-// bytes>". At most redlock.MaxMetadata bytes; New rejects "".
+// OnNewLeader to every candidate. Default tracing.DefaultIdentity(),
+// "<service>/<host>-<pid>" (e.g. "billing/web-3-19350"); set one of your
+// own where host name and process ID do not tell candidates apart. At most
+// redlock.MaxMetadata bytes; New rejects "".
 func WithIdentity(id string) Option { return func(c *config) { c.identity = id } }
 
 // WithLeaseTTL sets the lease TTL: a leader that crashes blocks the election
@@ -170,7 +169,7 @@ type Elector struct {
 // an empty name, an empty or oversized identity, a TTL below 30 ms, a renew
 // interval not in (0, TTL/2], a retry period not in (0, TTL).
 func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) {
-	cfg := config{identity: defaultIdentity(), ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
+	cfg := config{identity: tracing.DefaultIdentity(), ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
 	for i, o := range opts {
 		if o == nil {
 			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
@@ -223,16 +222,6 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 		return nil, fmt.Errorf("elector: creating the OpenTelemetry instruments: %w", err)
 	}
 	return e, nil
-}
-
-func defaultIdentity() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown"
-	}
-	var b [4]byte
-	_, _ = crand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
 // invalidf returns an error that reads "elector: invalid argument:
@@ -390,19 +379,27 @@ func campaignOutcome(err error) string {
 // lead runs one leadership: it keeps the lease until it is lost or ctx
 // ends, runs the callbacks, and releases the lease. campaign is the span of
 // the campaign that won it, linked from the leadership's span.
+//
+// A term is traced as short spans, each exported as soon as it ends: a
+// tracing.SpanTermStarted span when it starts (linked to the campaign),
+// one trace per renewal of the lease (redlock.Extend, linked to the start:
+// see redlock.Lock.Keep), and a tracing.SpanTermEnded span when it ends
+// (linked to the start). None lasts the term, so a running leader is seen
+// in a trace backend within its export delay, and no span or trace grows
+// with the term's length.
 func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.SpanContext) {
 	term := lease.FencingToken()
-	ctx, span := e.tracer.Start(ctx, tracing.SpanLead, trace.WithLinks(trace.Link{SpanContext: campaign}),
-		trace.WithAttributes(tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity),
-			tracing.Term.Int64(int64(term))))
+	started := time.Now()
+	termAttrs := trace.WithAttributes(tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity),
+		tracing.Term.Int64(int64(term)))
+	ctx, span := e.tracer.Start(ctx, tracing.SpanTermStarted, trace.WithLinks(trace.Link{SpanContext: campaign}), termAttrs)
 	span.AddEvent(tracing.EventLeadershipGained)
+	span.End()
+	startSpan := span.SpanContext()
 	election := metric.WithAttributes(tracing.Election.String(e.name))
 	e.leaderships.Add(ctx, 1, election)
 	e.leading.Add(ctx, 1, election)
-	defer func() {
-		e.leading.Add(ctx, -1, election)
-		span.End()
-	}()
+	defer e.leading.Add(ctx, -1, election)
 	kctx, stop := lease.Keep(context.WithValue(ctx, termKey{}, term), redlock.ExtendEvery(e.cfg.renew))
 	// lctx ends with the lease (Keep) or when IsLeader finds its deadline
 	// passed, whichever sees it first.
@@ -435,13 +432,19 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 	if e.cfg.onStoppedLeading != nil {
 		e.cfg.onStoppedLeading()
 	}
-	// Resign, or clean up what is left of a lost lease.
-	rerr := lease.Release(context.WithoutCancel(ctx))
-	span.AddEvent(tracing.EventLeadershipLost)
+	// Resign, or clean up what is left of a lost lease, in the span that
+	// marks the term's end.
+	ectx, end := e.tracer.Start(context.WithoutCancel(ctx), tracing.SpanTermEnded, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: startSpan}), termAttrs,
+		trace.WithAttributes(tracing.TermMillis.Float64(float64(time.Since(started).Microseconds())/1000)))
+	rerr := lease.Release(ectx)
+	end.AddEvent(tracing.EventLeadershipLost)
 	if lost != nil {
-		span.SetAttributes(tracing.Outcome.String(tracing.OutcomeLost), semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))
-		span.SetStatus(codes.Error, lost.Error())
+		end.SetAttributes(tracing.Outcome.String(tracing.OutcomeLost), semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))
+		end.SetStatus(codes.Error, lost.Error())
+	} else {
+		end.SetAttributes(tracing.Outcome.String(tracing.OutcomeResigned))
 	}
+	end.End()
 	switch {
 	case lost != nil:
 		e.log.Warn("elector: leadership lost", "election", e.name, "term", term, "err", lost)

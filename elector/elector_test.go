@@ -15,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/go-co-op/gocron/v2"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -568,38 +569,82 @@ func TestLeadershipSpans(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("never led")
 	}
+	// While the term runs: its start span has ended (so it is exported),
+	// carries the term, and renewals are traces of their own linked to it.
+	find := func(name string) (out []sdktrace.ReadOnlySpan) {
+		for _, s := range rec.Ended() {
+			if s.Name() == name {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	linksTo := func(s sdktrace.ReadOnlySpan, sc trace.SpanContext) bool {
+		return len(s.Links()) == 1 && s.Links()[0].SpanContext.SpanID() == sc.SpanID()
+	}
+	starts := find(tracing.SpanTermStarted)
+	if len(starts) != 1 || len(find(tracing.SpanCampaign)) == 0 {
+		t.Fatalf("while leading: %d %q spans, %d campaign spans; want 1 and some", len(starts), tracing.SpanTermStarted, len(find(tracing.SpanCampaign)))
+	}
+	start := starts[0]
+	if start.SpanContext().SpanID() != leadSC.SpanID() {
+		t.Error("OnStartedLeading's ctx does not carry the term's start span")
+	}
+	termOf := func(s sdktrace.ReadOnlySpan) int64 {
+		for _, kv := range s.Attributes() {
+			if kv.Key == tracing.Term {
+				return kv.Value.AsInt64()
+			}
+		}
+		return -1
+	}
+	if termOf(start) < 1 {
+		t.Errorf("%q term = %d, want >= 1", tracing.SpanTermStarted, termOf(start))
+	}
+	waitFor(t, "a renewal while leading", func() bool {
+		for _, ext := range find(tracing.SpanExtend) {
+			if !ext.Parent().IsValid() && linksTo(ext, start.SpanContext()) {
+				return true
+			}
+		}
+		return false
+	})
+	if n := len(find(tracing.SpanTermEnded)); n != 0 {
+		t.Fatalf("%d %q spans while still leading", n, tracing.SpanTermEnded)
+	}
+
 	cancel()
 	<-done
-	var lead sdktrace.ReadOnlySpan
-	campaigns := 0
-	for _, s := range rec.Ended() {
-		switch s.Name() {
-		case tracing.SpanLead:
-			lead = s
-		case tracing.SpanCampaign:
-			campaigns++
-		}
+	ends := find(tracing.SpanTermEnded)
+	if len(ends) != 1 {
+		t.Fatalf("%d %q spans after resigning, want 1", len(ends), tracing.SpanTermEnded)
 	}
-	if lead == nil || campaigns == 0 {
-		t.Fatalf("lead span %v, %d campaign spans", lead, campaigns)
-	}
-	if lead.SpanContext().SpanID() != leadSC.SpanID() {
-		t.Error("OnStartedLeading's ctx does not carry the lead span")
+	end := ends[0]
+	if !linksTo(end, start.SpanContext()) || end.Parent().IsValid() {
+		t.Errorf("%q: parent %v, links %v; want a root linked to the term's start", tracing.SpanTermEnded, end.Parent(), end.Links())
 	}
 	var events []string
-	for _, ev := range lead.Events() {
+	for _, ev := range end.Events() {
 		events = append(events, ev.Name)
 	}
-	if strings.Join(events, ",") != tracing.EventLeadershipGained+","+tracing.EventLeadershipLost {
-		t.Errorf("lead span events = %v", events)
+	if strings.Join(events, ",") != tracing.EventLeadershipLost {
+		t.Errorf("%q events = %v", tracing.SpanTermEnded, events)
 	}
-	term := int64(-1)
-	for _, kv := range lead.Attributes() {
-		if kv.Key == tracing.Term {
-			term = kv.Value.AsInt64()
+	attrs := map[attribute.Key]attribute.Value{}
+	for _, kv := range end.Attributes() {
+		attrs[kv.Key] = kv.Value
+	}
+	if termOf(end) != termOf(start) || attrs[tracing.Outcome].AsString() != tracing.OutcomeResigned || attrs[tracing.TermMillis].AsFloat64() <= 0 {
+		t.Errorf("%q attributes %v; want term %d, outcome %s, a duration", tracing.SpanTermEnded, end.Attributes(), termOf(start), tracing.OutcomeResigned)
+	}
+}
+
+// waitFor polls cond every 10 ms for at most 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
-	}
-	if term < 1 {
-		t.Errorf("lead span term = %d, want >= 1", term)
 	}
 }

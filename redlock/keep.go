@@ -23,7 +23,8 @@ import (
 // extension succeeded in time), fn's ctx is cancelled with a cause matching
 // ErrLockLost no later than Until() - ttl/10, whether or not an Extend call is
 // still waiting for nodes; no extension is tried after that point, so a lost
-// lock is never revived. fn's ctx is also cancelled when ctx ends.
+// lock is never revived. fn's ctx is also cancelled when ctx ends. Each
+// extension is a trace of its own, linked to Do's span (see Keep).
 //
 // Do returns fn's error joined with ErrLockLost when the lock was lost while
 // fn ran, or with the release error. It returns an acquisition error
@@ -62,6 +63,9 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 // later than Until() - TTL/10, even while an extension still waits for
 // nodes; no extension is tried after that, so a lost lock is never revived.
 // It is also cancelled when ctx ends, which stops the extensions too.
+// Each extension is a trace of its own (its redlock.Extend span and round),
+// linked to ctx's span: a hold of hours does not grow one trace without
+// bound, and each extension can be seen as soon as it ends.
 //
 // stop ends the extensions, waits for the goroutine Keep started, cancels
 // the returned context, and returns the loss (matching ErrLockLost) or nil.
@@ -140,7 +144,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 		// Extend in its own goroutine so that the deadline holds even while
 		// nodes hang: the round itself is bounded by the node timeout.
 		res := make(chan error, 1)
-		go func() { res <- l.Extend(context.WithoutCancel(ctx), ttl) }()
+		go func() { res <- l.Extend(newTrace(context.WithoutCancel(ctx)), ttl) }()
 		dt := time.NewTimer(time.Until(deadline))
 		select {
 		case err := <-res:

@@ -98,9 +98,27 @@ func newTelemetry(cfg config) (*telemetry, error) {
 // internal is the kind of operation and round spans.
 var internal = trace.WithSpanKind(trace.SpanKindInternal)
 
+// newTraceKey marks a ctx whose operation span starts a trace of its own.
+type newTraceKey struct{}
+
+// newTrace returns ctx marked so that the operation started under it is
+// the root of a new trace, linked to ctx's span: Keep's extensions, so
+// that a hold of hours (a leadership, a long job) does not grow one trace
+// without bound, and each extension is visible once it ends.
+func newTrace(ctx context.Context) context.Context {
+	return context.WithValue(ctx, newTraceKey{}, true)
+}
+
 // startOp starts an operation span.
 func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
-	ctx, span := t.tracer.Start(ctx, name, internal)
+	var span trace.Span
+	if ctx.Value(newTraceKey{}) == nil {
+		ctx, span = t.tracer.Start(ctx, name, internal)
+	} else {
+		from := trace.Link{SpanContext: trace.SpanContextFromContext(ctx)}
+		ctx, span = t.tracer.Start(context.WithValue(ctx, newTraceKey{}, nil), name, internal,
+			trace.WithNewRoot(), trace.WithLinks(from))
+	}
 	if span.IsRecording() {
 		if !t.hideResources {
 			span.SetAttributes(tracing.Resources.StringSlice(resources))
@@ -196,7 +214,7 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 	if parent := trace.SpanFromContext(ctx); !parent.IsRecording() {
 		return ctx, parent
 	}
-	ctx, span := t.tracer.Start(ctx, tracing.SpanRound, internal,
+	ctx, span := t.tracer.Start(ctx, tracing.RoundSpanName(op, ""), internal,
 		trace.WithAttributes(tracing.RoundOp.String(op), tracing.Nodes.Int(nodes), tracing.Quorum.Int(quorum)))
 	if attempt > 0 {
 		span.SetAttributes(tracing.RoundAttempt.Int(attempt))
@@ -230,7 +248,38 @@ func (t *telemetry) endRound(ctx context.Context, span trace.Span, spec roundSpe
 		t.roundDur.Record(ctx, took.Seconds(), metric.WithAttributes(tracing.RoundOp.String(spec.op), tracing.Outcome.String(outcome)))
 	}
 	if span.IsRecording() {
+		span.SetName(tracing.RoundSpanName(spec.op, outcome))
 		roundAttributes(span, spec.op, rs, outcome)
+	}
+	span.End()
+}
+
+// startWait starts the span of a contended Acquire's wait after the
+// refused round q, which may last up to d: a child of the Acquire span,
+// named for what ended it by endWait. When a quorum of q's nodes named one
+// holder, the span names it and links to the holder's span.
+func (t *telemetry) startWait(ctx context.Context, q *QuorumError, d time.Duration) trace.Span {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return parent
+	}
+	_, span := t.tracer.Start(ctx, tracing.SpanWait, internal,
+		trace.WithAttributes(tracing.WaitPlannedMillis.Float64(float64(d.Microseconds())/1000)))
+	if r, ok := quorumHolder(q); ok {
+		span.SetAttributes(tracing.Holder.String(r.Holder))
+		if sc, ok := parseTraceparent(r.traceparent); ok {
+			span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{tracing.Holder.String(r.Holder)}})
+		}
+	}
+	return span
+}
+
+// endWait ends a wait span with what ended the wait (a tracing.WaitEndedBy*
+// value).
+func endWait(span trace.Span, endedBy string) {
+	if span.IsRecording() {
+		span.SetName(tracing.WaitSpanName(endedBy))
+		span.SetAttributes(tracing.WaitEndedBy.String(endedBy))
 	}
 	span.End()
 }

@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -84,14 +86,22 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 			t.Errorf("span %s (op %s) in the waiter's trace has status Error: %v", s.Name(), attrs(s)[tracing.RoundOp].AsString(), s.Status())
 		}
 	}
-	var contended, granted int
+	var contended, granted, waits int
 	for _, s := range spans {
-		if s.Name() != tracing.SpanRound || s.Parent().SpanID() != waiterAcquire.SpanContext().SpanID() {
+		if s.Parent().SpanID() != waiterAcquire.SpanContext().SpanID() {
 			continue
 		}
 		a := attrs(s)
+		if strings.HasPrefix(s.Name(), tracing.SpanWait) {
+			waits++
+			checkWaitSpan(t, s, holderAcquire, "instance-a")
+			continue
+		}
 		if a[tracing.RoundOp].AsString() != "acquire" {
 			continue
+		}
+		if want := tracing.RoundSpanName("acquire", a[tracing.Outcome].AsString()); s.Name() != want {
+			t.Errorf("round span name %q, want %q", s.Name(), want)
 		}
 		if a[tracing.Nodes].AsInt64() != 3 || a[tracing.Quorum].AsInt64() != 2 || len(a[tracing.NodeOutcomes].AsStringSlice()) != 3 {
 			t.Errorf("round attributes = %v", s.Attributes())
@@ -125,6 +135,9 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 	if contended == 0 || granted != 1 {
 		t.Errorf("waiter rounds: %d contended, %d granted; want several and 1", contended, granted)
 	}
+	if waits != contended {
+		t.Errorf("%d wait spans under the waiter's Acquire, want one after each of its %d refused rounds", waits, contended)
+	}
 	if got := attrs(waiterAcquire)[tracing.Attempts].AsInt64(); got != int64(contended+1) {
 		t.Errorf("attempts attribute = %d, want %d", got, contended+1)
 	}
@@ -151,6 +164,166 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 	if got[tracing.MetricContention] != int64(contended) || got[tracing.MetricHeld] != 0 ||
 		got[tracing.MetricAcquireDuration] != 2 || got[tracing.MetricHoldDuration] != 2 {
 		t.Errorf("metrics = %v; want contention %d, held 0, 2 acquisitions, 2 holds", got, contended)
+	}
+}
+
+// checkWaitSpan checks a wait span of a contended Acquire: named for what
+// ended it, naming the holder and linking to the holder's span.
+func checkWaitSpan(t *testing.T, s, holderSpan sdktrace.ReadOnlySpan, holder string) {
+	t.Helper()
+	a := attrs(s)
+	endedBy := a[tracing.WaitEndedBy].AsString()
+	switch endedBy {
+	case tracing.WaitEndedByNotice, tracing.WaitEndedByBackoff, tracing.WaitEndedByCtx:
+	default:
+		t.Errorf("wait span %q: ended_by %q", s.Name(), endedBy)
+	}
+	if s.Name() != tracing.WaitSpanName(endedBy) {
+		t.Errorf("wait span name %q, want %q", s.Name(), tracing.WaitSpanName(endedBy))
+	}
+	if got := a[tracing.Holder].AsString(); got != holder {
+		t.Errorf("wait span %q: holder %q, want %q", s.Name(), got, holder)
+	}
+	if _, ok := a[tracing.WaitPlannedMillis]; !ok {
+		t.Errorf("wait span %q has no %s", s.Name(), tracing.WaitPlannedMillis)
+	}
+	if holderSpan != nil && (len(s.Links()) != 1 || s.Links()[0].SpanContext.SpanID() != holderSpan.SpanContext().SpanID()) {
+		t.Errorf("wait span %q links %v, want one to the holder's span %v", s.Name(), s.Links(), holderSpan.SpanContext().SpanID())
+	}
+}
+
+// TestWaitSpanSaysWhatEndedIt: a contended Acquire's wait ends with the
+// holder's release notice when it comes before the retry delay, and with
+// the caller's ctx when that ends first; the wait span says which, and
+// names the holder.
+func TestWaitSpanSaysWhatEndedIt(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	holder := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp))
+	waiter := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp))
+	slow := func() backoff.BackOff { return backoff.NewConstantBackOff(time.Minute) }
+	ctx := context.Background()
+
+	lastWait := func(acquire sdktrace.ReadOnlySpan) sdktrace.ReadOnlySpan {
+		var last sdktrace.ReadOnlySpan
+		for _, s := range rec.Ended() {
+			if strings.HasPrefix(s.Name(), tracing.SpanWait) && s.Parent().SpanID() == acquire.SpanContext().SpanID() {
+				last = s
+			}
+		}
+		if last == nil {
+			t.Fatal("no wait span under the waiter's Acquire")
+		}
+		return last
+	}
+	acquireSpan := func(parent trace.Span) sdktrace.ReadOnlySpan {
+		for _, s := range rec.Ended() {
+			if s.Name() == tracing.SpanAcquire && s.Parent().SpanID() == parent.SpanContext().SpanID() {
+				return s
+			}
+		}
+		t.Fatal("no Acquire span under the test's span")
+		return nil
+	}
+
+	// Released while the waiter waits a minute: the notice ends the wait.
+	held, err := holder.Acquire(ctx, []string{"notice"}, 30*time.Second, redlock.WithMetadata("billing/vm-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, parent := tp.Tracer("test").Start(ctx, "waiter")
+	got := make(chan error, 1)
+	go func() {
+		l, err := waiter.Acquire(wctx, []string{"notice"}, 30*time.Second, redlock.WithRetry(slow))
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	nodes := cl.Clients(t)
+	waitFor(t, "the waiter's subscriptions", func() bool { return allAtLeast(subscribers(t, nodes, "notice:released"), 1) })
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	parent.End()
+	w := lastWait(acquireSpan(parent))
+	checkWaitSpan(t, w, nil, "billing/vm-1")
+	if got := attrs(w)[tracing.WaitEndedBy].AsString(); got != tracing.WaitEndedByNotice {
+		t.Errorf("wait ended by %q, want %q", got, tracing.WaitEndedByNotice)
+	}
+
+	// Still held when the waiter's ctx ends: ctx ends the wait.
+	if _, err := holder.Acquire(ctx, []string{"ctx"}, 30*time.Second, redlock.WithMetadata("billing/vm-1")); err != nil {
+		t.Fatal(err)
+	}
+	wctx, parent = tp.Tracer("test").Start(ctx, "waiter")
+	cctx, cancel := context.WithCancel(wctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if _, err := waiter.Acquire(cctx, []string{"ctx"}, 30*time.Second, redlock.WithRetry(slow)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiter: %v, want context.Canceled", err)
+	}
+	parent.End()
+	w = lastWait(acquireSpan(parent))
+	checkWaitSpan(t, w, nil, "billing/vm-1")
+	if got := attrs(w)[tracing.WaitEndedBy].AsString(); got != tracing.WaitEndedByCtx {
+		t.Errorf("wait ended by %q, want %q", got, tracing.WaitEndedByCtx)
+	}
+}
+
+// TestKeepExtensionsAreTracesOfTheirOwn: each extension of a held lock
+// (Do, Keep) is the root of a small trace linked to the holder's span, so
+// that a long hold never grows one trace without bound.
+func TestKeepExtensionsAreTracesOfTheirOwn(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	c := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp))
+	extensions := func() (out []sdktrace.ReadOnlySpan) {
+		for _, s := range rec.Ended() {
+			if s.Name() == tracing.SpanExtend {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	err := c.Do(context.Background(), []string{"long"}, 300*time.Millisecond, func(ctx context.Context) error {
+		waitFor(t, "two extensions", func() bool { return len(extensions()) >= 2 })
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var do sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == tracing.SpanDo {
+			do = s
+		}
+	}
+	if do == nil {
+		t.Fatal("no Do span")
+	}
+	for _, ext := range extensions() {
+		if ext.Parent().IsValid() || ext.SpanContext().TraceID() == do.SpanContext().TraceID() {
+			t.Errorf("extension span %v has parent %v in trace %v: want the root of a trace of its own", ext.SpanContext().SpanID(), ext.Parent().SpanID(), ext.SpanContext().TraceID())
+		}
+		if len(ext.Links()) != 1 || ext.Links()[0].SpanContext.SpanID() != do.SpanContext().SpanID() {
+			t.Errorf("extension span links %v, want one to the Do span %v", ext.Links(), do.SpanContext().SpanID())
+		}
+		rounds := 0
+		for _, s := range rec.Ended() {
+			if s.Parent().SpanID() == ext.SpanContext().SpanID() && s.Name() == tracing.RoundSpanName("extend", tracing.OutcomeGranted) {
+				rounds++
+			}
+		}
+		if rounds != 1 {
+			t.Errorf("extension span has %d %q children, want 1", rounds, tracing.RoundSpanName("extend", tracing.OutcomeGranted))
+		}
 	}
 }
 
@@ -206,10 +379,8 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 		switch s.Name() {
 		case tracing.SpanTryAcquire:
 			op = s
-		case tracing.SpanRound:
-			if attrs(s)[tracing.RoundOp].AsString() == "acquire" {
-				round = s
-			}
+		case tracing.RoundSpanName("acquire", tracing.OutcomeUnavailable):
+			round = s
 		case "EVALSHA":
 			nodeSpans++
 			a := attrs(s)

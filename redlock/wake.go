@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/tracing"
 )
 
 // Wake on release (WithReleaseNotices). An Acquire that a holder refused
@@ -114,8 +116,8 @@ func (wt *waiter) beforeAttempt() {
 }
 
 // sleep waits after a failed attempt q: d, or until a release of the keys
-// wakes it, or until ctx ends. It starts watching the keys the first time a
-// holder refused.
+// wakes it, or until ctx ends, in a wait span. It starts watching the keys
+// the first time a holder refused.
 func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 	w := wt.w
 	if !w.off && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
@@ -126,7 +128,7 @@ func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 		w.watch(wt.channels)
 	}
 	if wt.channels == nil {
-		sleep(ctx, d, nil)
+		wt.wait(ctx, q, d, nil, false)
 		return
 	}
 	wake := make(chan struct{}, 1)
@@ -139,13 +141,14 @@ func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.peers)
 		kw.sleepers = append(kw.sleepers, wake)
 	}
-	if g != wt.gen {
-		d = 0 // a release came during the attempt
+	released := g != wt.gen // a release came during the attempt
+	if released {
+		d = 0
 	} else if expires, ok := oneHolder(q); ok && confirmed {
 		d = max(d, min(expires+driftConstant, maxNoticeWait))
 	}
 	w.mu.Unlock()
-	sleep(ctx, d, wake)
+	wt.wait(ctx, q, d, wake, released)
 	w.mu.Lock()
 	for _, ch := range wt.channels {
 		kw := w.keys[ch]
@@ -156,6 +159,17 @@ func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 	w.mu.Unlock()
 }
 
+// wait sleeps d, or until wake or ctx, in a wait span that says what
+// ended it; released says that a release came before the wait began.
+func (wt *waiter) wait(ctx context.Context, q *QuorumError, d time.Duration, wake <-chan struct{}, released bool) {
+	span := wt.w.c.tel.startWait(ctx, q, d)
+	endedBy := sleep(ctx, d, wake)
+	if released {
+		endedBy = tracing.WaitEndedByNotice
+	}
+	endWait(span, endedBy)
+}
+
 // stop ends the waiter's watch.
 func (wt *waiter) stop() {
 	if wt.channels != nil {
@@ -163,41 +177,52 @@ func (wt *waiter) stop() {
 	}
 }
 
-// sleep waits d, or until wake or ctx.
-func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+// sleep waits d, or until wake or ctx, and says which ended it (a
+// tracing.WaitEndedBy* value).
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) (endedBy string) {
 	if d <= 0 {
-		return
+		return tracing.WaitEndedByBackoff
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return tracing.WaitEndedByBackoff
 	case <-wake:
+		return tracing.WaitEndedByNotice
 	case <-ctx.Done():
+		return tracing.WaitEndedByCtx
 	}
+}
+
+// quorumHolder returns the result of a node that refused q for the holder
+// a quorum of q's nodes named (the same lock value), if there is one.
+func quorumHolder(q *QuorumError) (NodeResult, bool) {
+	votes := map[string]int{}
+	for _, r := range q.Nodes {
+		if r.Outcome == OutcomeHeld && r.value != "" {
+			votes[r.value]++
+			if votes[r.value] >= q.Quorum {
+				return r, true
+			}
+		}
+	}
+	return NodeResult{}, false
 }
 
 // oneHolder returns the shortest TTL left of the holder's key when a quorum
 // of q's nodes refused for one lock (the same value): a holder to wait for.
 func oneHolder(q *QuorumError) (expires time.Duration, ok bool) {
-	votes := map[string]int{}
+	h, ok := quorumHolder(q)
+	if !ok {
+		return 0, false
+	}
 	for _, r := range q.Nodes {
-		if r.Outcome == OutcomeHeld && r.value != "" {
-			votes[r.value]++
+		if r.value == h.value && r.HolderTTL > 0 && (expires == 0 || r.HolderTTL < expires) {
+			expires = r.HolderTTL
 		}
 	}
-	for v, n := range votes {
-		if n < q.Quorum {
-			continue
-		}
-		for _, r := range q.Nodes {
-			if r.value == v && r.HolderTTL > 0 && (expires == 0 || r.HolderTTL < expires) {
-				expires = r.HolderTTL
-			}
-		}
-		return expires, expires > 0
-	}
-	return 0, false
+	return expires, expires > 0
 }
 
 // watch registers an Acquire waiting for channels; the first registration

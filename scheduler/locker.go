@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -73,7 +72,7 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		prefix:      DefaultKeyPrefix,
 		lockTimeout: DefaultLockTimeout,
 		jitter:      DefaultLockJitter,
-		instance:    defaultInstance(),
+		instance:    tracing.DefaultIdentity(),
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -135,18 +134,8 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	}, nil
 }
 
-// defaultInstance returns "<hostname>-<pid>-<4 random hex bytes>".
-
 // invalidf returns an error that reads "scheduler: invalid argument:
 // <message>" and matches redlock.ErrInvalidArgument.
-func defaultInstance() string {
-	host, err := os.Hostname()
-	if err != nil {
-		host = "unknown"
-	}
-	return fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
-}
-
 func invalidf(format string, args ...any) error {
 	return &textError{msg: "scheduler: invalid argument: " + fmt.Sprintf(format, args...), errs: []error{redlock.ErrInvalidArgument}}
 }
@@ -229,7 +218,7 @@ func (l *Locker) lockTimeout(job string) time.Duration {
 // Lock never returns (nil, nil).
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	tick := l.Tick(key)
-	sctx, span := l.tracer.Start(ctx, tracing.SpanJobRun, trace.WithSpanKind(trace.SpanKindInternal),
+	sctx, span := l.tracer.Start(ctx, tracing.JobSpanName(key, ""), trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(tracing.Job.String(key), tracing.Tick.String(tick.Format(tickFormat)),
 			tracing.Instance.String(l.cfg.instance)))
 	if err := checkName(key); err != nil {
@@ -249,6 +238,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
+	span.SetName(tracing.JobSpanName(key, tracing.OutcomeRan))
 	span.SetAttributes(tracing.Outcome.String(tracing.OutcomeRan))
 	if l.runCount.Enabled(ctx) {
 		l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(key), tracing.Outcome.String(tracing.OutcomeRan)))
@@ -459,6 +449,13 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 			span.SetStatus(codes.Error, err.Error())
 		}
 	case errors.Is(err, ErrHeldElsewhere):
+		var q *redlock.QuorumError
+		if span.IsRecording() && errors.As(err, &q) {
+			if md, ok := q.HolderMetadata(); ok {
+				instance, _, _ := splitHolder(md) // without its clock reading and nonce
+				span.SetAttributes(tracing.Holder.String(instance))
+			}
+		}
 	case errors.Is(err, ErrStopped):
 		outcome = tracing.OutcomeSkippedStopped
 	default:
@@ -471,6 +468,7 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 			span.SetStatus(codes.Error, err.Error())
 		}
 	}
+	span.SetName(tracing.JobSpanName(job, outcome))
 	span.SetAttributes(tracing.Outcome.String(outcome))
 	span.End()
 	if l.runCount.Enabled(ctx) { // else the options are built for nothing

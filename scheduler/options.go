@@ -72,8 +72,11 @@ func WithMeterProvider(mp metric.MeterProvider) LockerOption {
 // (instances that fired at the same instant and each won a minority of
 // nodes, retried) from a tick really taken. It must differ between live
 // instances: one that finds a tick record of another process with its own
-// ID reports ErrDuplicateInstance. Default "<hostname>-<pid>-<random>";
-// NewLocker rejects "" and IDs longer than redlock.MaxMetadata - 30 bytes:
+// ID reports ErrDuplicateInstance. Default tracing.DefaultIdentity(),
+// "<service>/<host>-<pid>" (e.g. "billing/web-3-19350"): set an ID of your
+// own (a pod name, say) where host name and process ID do not tell
+// instances apart, e.g. containers that share the host's network namespace
+// and so its host name. NewLocker rejects "" and IDs longer than redlock.MaxMetadata - 30 bytes:
 // the locks' metadata is "<ID>@<the instance's clock in Unix ms>/<a
 // random nonce of the Locker>", which other instances' redlock errors show
 // as the holder. A Locker that replaces one with the same ID in the same

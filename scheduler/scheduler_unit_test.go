@@ -375,7 +375,7 @@ func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
 	}
 	var ran, skipped sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
-		if s.Name() != tracing.SpanJobRun {
+		if !strings.HasPrefix(s.Name(), tracing.SpanJobRun+" ") {
 			continue
 		}
 		m := map[attribute.Key]attribute.Value{}
@@ -385,11 +385,17 @@ func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
 		if m[tracing.Job].AsString() != "report" || m[tracing.Tick].AsString() != "2026-01-01T12:00:00.000Z" {
 			t.Errorf("run span attributes = %v", s.Attributes())
 		}
+		if want := tracing.JobSpanName("report", m[tracing.Outcome].AsString()); s.Name() != want {
+			t.Errorf("run span name %q, want %q", s.Name(), want)
+		}
 		switch m[tracing.Outcome].AsString() {
 		case tracing.OutcomeRan:
 			ran = s
 		case tracing.OutcomeSkippedHeld:
 			skipped = s
+			if got := m[tracing.Holder].AsString(); got != "a" {
+				t.Errorf("skipped run span: holder %q, want the winner's instance ID %q", got, "a")
+			}
 		}
 	}
 	if ran == nil || skipped == nil {
@@ -404,7 +410,7 @@ func TestRunSpansShowWhoRanAndWhoSkipped(t *testing.T) {
 	// The skipped instance's refused round links to the winner's trace.
 	linked := false
 	for _, s := range rec.Ended() {
-		if s.Name() == tracing.SpanRound && s.SpanContext().TraceID() == skipped.SpanContext().TraceID() {
+		if s.Name() == tracing.RoundSpanName("acquire", tracing.OutcomeContended) && s.SpanContext().TraceID() == skipped.SpanContext().TraceID() {
 			for _, link := range s.Links() {
 				if link.SpanContext.TraceID() == ran.SpanContext().TraceID() {
 					linked = true

@@ -30,16 +30,83 @@ const (
 
 // Span names. Operation spans are INTERNAL; a round span is a child of its
 // operation span; node spans (optional) are CLIENT children of a round span.
+// Names that carry a round's kind, its outcome or a job name are built by
+// RoundSpanName, WaitSpanName and JobSpanName: each of those parts takes
+// few values (job names are a program's constants), so span names stay of
+// low cardinality as OpenTelemetry requires, and the Jaeger UI's trace view
+// and search list read at a glance.
 const (
 	SpanAcquire    = "redlock.Acquire"
 	SpanTryAcquire = "redlock.TryAcquire"
 	SpanExtend     = "redlock.Extend"
 	SpanRelease    = "redlock.Release"
 	SpanDo         = "redlock.Do"
-	SpanRound      = "redlock.round"
 	SpanJobRun     = "scheduler.run"
 	SpanCampaign   = "elector.campaign"
-	SpanLead       = "elector.lead"
+	// SpanWait is the first word of a wait span (WaitSpanName): the time a
+	// contended Acquire waits between two rounds.
+	SpanWait = "redlock.wait"
+	// SpanTermStarted and SpanTermEnded are the short spans that mark the
+	// start and the end of a leadership term, each the root of its trace;
+	// the end links to the start. Each renewal of the term's lease is a
+	// trace of its own too (SpanExtend), linked to the start.
+	SpanTermStarted = "elector.term started"
+	SpanTermEnded   = "elector.term ended"
+
+	// Deprecated: round spans are named by RoundSpanName, e.g.
+	// "redlock.acquire.round contended". SpanRound is the name of none.
+	SpanRound = "redlock.round"
+	// Deprecated: a leadership is recorded as SpanTermStarted, SpanExtend
+	// and SpanTermEnded spans; no span lasts the whole term any more.
+	SpanLead = "elector.lead"
+)
+
+// RoundSpanName returns the name of a quorum round's span:
+// "redlock.<op>.round <result>", e.g. "redlock.acquire.round contended",
+// "redlock.release.round released", "redlock.undo.round done". op is a
+// RoundOp value; outcome an Outcome* value, "" while the round runs
+// (the name is then "redlock.<op>.round"). A granted outcome reads as
+// "extended", "released" or "done" for extend, release and the other
+// bookkeeping rounds.
+func RoundSpanName(op, outcome string) string {
+	name := "redlock." + op + ".round"
+	if outcome == "" {
+		return name
+	}
+	if outcome == OutcomeGranted {
+		switch op {
+		case "acquire":
+		case "extend":
+			outcome = "extended"
+		case "release":
+			outcome = "released"
+		default:
+			outcome = "done"
+		}
+	}
+	return name + " " + outcome
+}
+
+// WaitSpanName returns the name of a wait span: "redlock.wait <ended by>",
+// e.g. "redlock.wait release_notice"; endedBy is a WaitEnded* value.
+func WaitSpanName(endedBy string) string { return SpanWait + " " + endedBy }
+
+// JobSpanName returns the name of a scheduler tick's span:
+// "scheduler.run <job> <outcome>", e.g. "scheduler.run report ran",
+// "scheduler.run report skipped_held_elsewhere"; outcome "" while Lock
+// runs.
+func JobSpanName(job, outcome string) string {
+	if outcome == "" {
+		return SpanJobRun + " " + job
+	}
+	return SpanJobRun + " " + job + " " + outcome
+}
+
+// What ended a wait span (WaitEndedBy).
+const (
+	WaitEndedByNotice  = "release_notice" // the holder's release notices came from a quorum of nodes
+	WaitEndedByBackoff = "backoff_timer"  // the retry policy's delay (or the holder's expiry) passed
+	WaitEndedByCtx     = "ctx_done"       // the caller's ctx ended
 )
 
 // Attribute keys.
@@ -75,8 +142,13 @@ const (
 	NodeOutcomes  = attribute.Key("schedlock.round.node.outcomes")
 	NodeLatencies = attribute.Key("schedlock.round.node.latency_ms")
 	// Holder is the metadata of the holder that refused a round (e.g. an
-	// instance or leader identity), never its owner token.
+	// instance or leader identity), never its owner token. On a wait span,
+	// the holder waited for: set when a quorum of nodes named one holder.
 	Holder = attribute.Key("schedlock.holder")
+
+	// Wait span attributes.
+	WaitEndedBy       = attribute.Key("schedlock.wait.ended_by")   // a WaitEnded* value
+	WaitPlannedMillis = attribute.Key("schedlock.wait.planned_ms") // the longest the wait could last (float)
 
 	// Scheduler and elector attributes.
 	Job      = attribute.Key("schedlock.job")
@@ -88,6 +160,9 @@ const (
 	Election = attribute.Key("schedlock.election")
 	Identity = attribute.Key("schedlock.identity")
 	Term     = attribute.Key("schedlock.term")
+	// TermMillis is how long a leadership term lasted, on its end span
+	// (float, ms).
+	TermMillis = attribute.Key("schedlock.term.duration_ms")
 )
 
 // Values of Outcome.
@@ -97,6 +172,7 @@ const (
 	OutcomeUnavailable = "unavailable" // too many nodes failed: an error
 	OutcomeWeak        = "weak"        // quorum granted too little validity; refused
 	OutcomeLost        = "lost"        // the lock is gone
+	OutcomeResigned    = "resigned"    // elector: a term ended by its leader's resignation
 	OutcomeCanceled    = "canceled"    // ctx ended
 	OutcomeInvalid     = "invalid"     // bad input
 	OutcomeRan         = "ran"         // scheduler: the job ran here

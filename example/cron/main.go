@@ -78,7 +78,7 @@ import (
 	"time"
 
 	exnodes "github.com/schedlock/schedlock/example/internal/nodes"
-	"github.com/schedlock/schedlock/tracing/otlp"
+	"github.com/schedlock/schedlock/example/internal/telemetry"
 )
 
 func main() {
@@ -136,25 +136,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	// Export telemetry from the processes that run instances: this one in
 	// inproc mode, each child in process mode.
-	if otlp.Enabled() && (cfg.childID >= 0 || cfg.mode == "inproc") {
+	if cfg.childID >= 0 || cfg.mode == "inproc" {
 		service := "schedlock-example-cron"
 		if cfg.childID >= 0 {
 			service += "-" + strconv.Itoa(cfg.childID)
 		}
-		shutdown, err := otlp.Setup(ctx, service)
+		// Export failures go to stderr, as a child's stdout carries JSON.
+		stopTelemetry, err := telemetry.Start(ctx, service, "cron", os.Stderr)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			// Last: after every instance has stopped. An export failure
-			// does not change the verdict on the ticks (the exit status);
-			// it goes to stderr, as a child's stdout carries JSON.
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := shutdown(sctx); err != nil {
-				fmt.Fprintln(os.Stderr, "cron: telemetry:", err)
-			}
-		}()
+		defer stopTelemetry() // last: after every instance has stopped
 	}
 	if cfg.childID >= 0 {
 		return runChild(ctx, cfg, stdout)

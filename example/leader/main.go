@@ -57,6 +57,14 @@
 //	                      period is 200ms or TTL/4, whichever is shorter
 //	-kill-every d         kill the leader this often (default 3s; 0: never;
 //	                      else at least 100ms)
+//
+// When OTEL_EXPORTER_OTLP_ENDPOINT (or another OTEL_EXPORTER_OTLP_*_ENDPOINT)
+// is set, the program exports its traces and metrics over OTLP, configured
+// by the standard OTEL_* variables (package tracing/otlp), with service name
+// schedlock-example-leader: each term's start and end, each renewal of the
+// lease, every campaign. With Jaeger (docs/observability.md):
+//
+//	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 OTEL_METRICS_EXPORTER=none go run ./example/leader
 package main
 
 import (
@@ -73,6 +81,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	exnodes "github.com/schedlock/schedlock/example/internal/nodes"
+	"github.com/schedlock/schedlock/example/internal/telemetry"
 )
 
 func main() {
@@ -130,6 +139,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopTelemetry, err := telemetry.Start(ctx, "schedlock-example-leader", "leader", os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer stopTelemetry() // last: after every instance has stopped
 	return runDemo(ctx, cfg, stdout)
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,7 +142,7 @@ func TestJaegerShowsContendedAcquisition(t *testing.T) {
 	if got := acquire.str(string(tracing.Resources)); got != `["report"]` {
 		t.Errorf("waiter redlock.Acquire %s = %q, want [\"report\"]", tracing.Resources, got)
 	}
-	var contended, granted int
+	var contended, granted, waits int
 	for _, s := range waiterTrace.Spans {
 		// Nothing failed: no span of the waiter's trace is an error, not
 		// even the rounds that undo a refused attempt.
@@ -149,8 +150,16 @@ func TestJaegerShowsContendedAcquisition(t *testing.T) {
 			t.Errorf("%s (%s=%s, %s=%s) in the waiter's trace has status Error, error.type %q: contention is not an error",
 				s.OperationName, tracing.RoundOp, s.str(string(tracing.RoundOp)), tracing.Outcome, s.str(string(tracing.Outcome)), s.str("error.type"))
 		}
-		if s.OperationName != tracing.SpanRound || s.str(string(tracing.RoundOp)) != "acquire" {
+		if strings.HasPrefix(s.OperationName, tracing.SpanWait+" ") {
+			waits++
+			checkWait(t, &s, acquire, holderTrace, holderAcquire)
 			continue
+		}
+		if s.str(string(tracing.RoundOp)) != "acquire" {
+			continue
+		}
+		if want := tracing.RoundSpanName("acquire", s.str(string(tracing.Outcome))); s.OperationName != want {
+			t.Errorf("round %s is named %q, want %q", s.SpanID, s.OperationName, want)
 		}
 		if p := parentOf(&s); p == nil || p.SpanID != acquire.SpanID {
 			t.Errorf("round %s references %v, want CHILD_OF the waiter's redlock.Acquire %s", s.SpanID, s.References, acquire.SpanID)
@@ -199,17 +208,19 @@ func TestJaegerShowsContendedAcquisition(t *testing.T) {
 	if contended == 0 || granted != 1 {
 		t.Errorf("waiter's acquire rounds: %d contended, %d granted; want some and 1", contended, granted)
 	}
+	if waits != contended {
+		t.Errorf("waiter's trace has %d wait spans, want one after each of its %d contended rounds", waits, contended)
+	}
 	if got := acquire.num(string(tracing.Attempts)); got != float64(contended+1) {
 		t.Errorf("waiter %s = %v, want %d", tracing.Attempts, got, contended+1)
 	}
 
 	// The failure: status Error and error.type on the operation and its round.
 	tryAcquire := only(t, failedTrace, tracing.SpanTryAcquire)
+	failedRound := tracing.RoundSpanName("acquire", tracing.OutcomeUnavailable)
+	only(t, failedTrace, failedRound)
 	for _, s := range failedTrace.Spans {
-		if s.OperationName != tracing.SpanTryAcquire && s.OperationName != tracing.SpanRound {
-			continue
-		}
-		if s.OperationName == tracing.SpanRound && s.str(string(tracing.RoundOp)) != "acquire" {
+		if s.OperationName != tracing.SpanTryAcquire && s.OperationName != failedRound {
 			continue
 		}
 		if !isError(&s) || s.str("error.type") != tracing.ErrorTypeUnavailable {
@@ -297,6 +308,29 @@ func TestJaegerReceivesOverGRPC(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("traces in Jaeger: %v", err)
+	}
+}
+
+// checkWait checks a wait span of the waiter's trace: a child of its
+// Acquire, named for what ended it, naming the holder, and FOLLOWS_FROM the
+// holder's Acquire span.
+func checkWait(t *testing.T, s, acquire *jSpan, holderTrace *jTrace, holderAcquire *jSpan) {
+	t.Helper()
+	if p := parentOf(s); p == nil || p.SpanID != acquire.SpanID {
+		t.Errorf("wait %s references %v, want CHILD_OF the waiter's redlock.Acquire %s", s.SpanID, s.References, acquire.SpanID)
+	}
+	endedBy := s.str(string(tracing.WaitEndedBy))
+	if !slices.Contains([]string{tracing.WaitEndedByNotice, tracing.WaitEndedByBackoff}, endedBy) || s.OperationName != tracing.WaitSpanName(endedBy) {
+		t.Errorf("wait %s is named %q with %s=%q; want %q or %q", s.SpanID, s.OperationName, tracing.WaitEndedBy, endedBy,
+			tracing.WaitSpanName(tracing.WaitEndedByNotice), tracing.WaitSpanName(tracing.WaitEndedByBackoff))
+	}
+	if got := s.str(string(tracing.Holder)); got != "instance-a" {
+		t.Errorf("wait %s: %s = %q, want instance-a", s.SpanID, tracing.Holder, got)
+	}
+	if !slices.ContainsFunc(s.References, func(r jRef) bool {
+		return r.RefType == "FOLLOWS_FROM" && r.TraceID == holderTrace.TraceID && r.SpanID == holderAcquire.SpanID
+	}) {
+		t.Errorf("wait %s references %v; want FOLLOWS_FROM the holder's redlock.Acquire %s", s.SpanID, s.References, holderAcquire.SpanID)
 	}
 }
 

@@ -215,7 +215,8 @@ func TestSetupExportsTheLibrarysSpansAndMetrics(t *testing.T) {
 	}
 
 	names, services := col.spans()
-	for _, want := range []string{tracing.SpanAcquire, tracing.SpanRound, tracing.SpanRelease} {
+	for _, want := range []string{tracing.SpanAcquire, tracing.RoundSpanName("acquire", tracing.OutcomeGranted),
+		tracing.SpanRelease, tracing.RoundSpanName("release", tracing.OutcomeGranted)} {
 		if !slices.Contains(names, want) {
 			t.Errorf("exported spans %v: no %s", names, want)
 		}
