@@ -188,7 +188,9 @@ func TestLostTryAcquireSendsNoNeedlessUndo(t *testing.T) {
 	for _, n := range nodes {
 		n.(*redis.Client).AddHook(h)
 	}
-	c := newClient(t, nodes)
+	// A node timeout well above the slow node's answer time, also on a
+	// loaded machine: a node that timed out is rightly sent an undo.
+	c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
 	// Warm up: connections dialled through the slow link.
 	_, _ = c.TryAcquire(ctx, []string{"r"}, time.Second)
 	waitSettled(t, c)
