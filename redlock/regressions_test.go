@@ -19,14 +19,18 @@ import (
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 )
 
-// nodesExpiry returns when key expires on every node, read off its PTTL
-// (whole milliseconds, so up to 1 ms later).
+// nodesExpiry returns, for every node, the latest time at which key may
+// expire there, read off its PTTL: the node counted the TTL down at some
+// moment before its reply came, so the reply's arrival (plus 1 ms, as PTTL
+// is in whole milliseconds) bounds it from above. An estimate from the
+// moment the request was sent instead can be short by the round trip,
+// which on a loaded machine is several milliseconds.
 func nodesExpiry(t *testing.T, cl redlocktest.Cluster, key string) []time.Time {
 	t.Helper()
 	var at []time.Time
 	for _, s := range cl {
-		now := time.Now()
-		at = append(at, now.Add(s.Client(t).PTTL(context.Background(), key).Val()+time.Millisecond))
+		pttl := s.Client(t).PTTL(context.Background(), key).Val()
+		at = append(at, time.Now().Add(pttl+time.Millisecond))
 	}
 	return at
 }
