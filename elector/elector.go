@@ -55,6 +55,7 @@ type Option func(*config)
 
 type config struct {
 	identity         string
+	identitySet      bool // WithIdentity given: no default identity drawn
 	ttl              time.Duration
 	renew            time.Duration
 	renewSet         bool
@@ -70,9 +71,11 @@ type config struct {
 }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider: a span per
-// campaign ("elector.campaign") and one per leadership ("elector.lead",
-// with events for leadership gained and lost; OnStartedLeading's ctx
-// carries it). Default: the global provider; nil means the default.
+// campaign ("elector.campaign"), and per leadership term short spans at its
+// start ("elector.term started"; OnStartedLeading's ctx carries it), for
+// each renewal and at its end ("elector.term ended"): see
+// docs/observability.md. Default: the global provider; nil means the
+// default.
 func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config) { c.tracer = tp } }
 
 // WithMeterProvider sets the OpenTelemetry meter provider for the
@@ -82,10 +85,12 @@ func WithMeterProvider(mp metric.MeterProvider) Option { return func(c *config) 
 
 // WithIdentity sets this candidate's identity, as reported by Leader and
 // OnNewLeader to every candidate. Default tracing.DefaultIdentity(),
-// "<service>/<host>-<pid>" (e.g. "billing/web-3-19350"); set one of your
-// own where host name and process ID do not tell candidates apart. At most
-// redlock.MaxMetadata bytes; New rejects "".
-func WithIdentity(id string) Option { return func(c *config) { c.identity = id } }
+// "<service>/<host>-<pid>-<token>" (e.g. "billing/web-3-19350-1a2b", with a
+// random token per process, so that a restarted process is another
+// candidate). At most redlock.MaxMetadata bytes; New rejects "".
+func WithIdentity(id string) Option {
+	return func(c *config) { c.identity, c.identitySet = id, true }
+}
 
 // WithLeaseTTL sets the lease TTL: a leader that crashes blocks the election
 // for at most this long; a leader that cannot renew steps down before it
@@ -169,7 +174,7 @@ type Elector struct {
 // an empty name, an empty or oversized identity, a TTL below 30 ms, a renew
 // interval not in (0, TTL/2], a retry period not in (0, TTL).
 func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) {
-	cfg := config{identity: tracing.DefaultIdentity(), ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
+	cfg := config{ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
 	for i, o := range opts {
 		if o == nil {
 			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
@@ -187,7 +192,7 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 		return nil, invalidf("the *redlock.Client is nil")
 	case name == "":
 		return nil, invalidf("the election name is empty")
-	case cfg.identity == "":
+	case cfg.identitySet && cfg.identity == "":
 		return nil, invalidf("identity (WithIdentity) is empty")
 	case len(cfg.identity) > redlock.MaxMetadata:
 		return nil, invalidf("identity (WithIdentity) is %d bytes, more than the maximum %d", len(cfg.identity), redlock.MaxMetadata)
@@ -198,6 +203,9 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 			cfg.renew, cfg.ttl/2)
 	case cfg.retry <= 0 || cfg.retry >= cfg.ttl:
 		return nil, invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
+	}
+	if !cfg.identitySet {
+		cfg.identity = tracing.DefaultIdentity()
 	}
 	log := cfg.logger
 	if log == nil {
@@ -384,15 +392,18 @@ func campaignOutcome(err error) string {
 // tracing.SpanTermStarted span when it starts (linked to the campaign),
 // one trace per renewal of the lease (redlock.Extend, linked to the start:
 // see redlock.Lock.Keep), and a tracing.SpanTermEnded span when it ends
-// (linked to the start). None lasts the term, so a running leader is seen
-// in a trace backend within its export delay, and no span or trace grows
-// with the term's length.
+// (linked to the start; outcome resigned, lost, or unavailable when the
+// nodes did not confirm the resignation). None lasts the term, so a
+// running leader is seen in a trace backend within its export delay, and
+// none of these spans or traces grows with the term's length; spans that
+// OnStartedLeading's work starts under its ctx join the start's trace.
 func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.SpanContext) {
 	term := lease.FencingToken()
 	started := time.Now()
 	termAttrs := trace.WithAttributes(tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity),
 		tracing.Term.Int64(int64(term)))
-	ctx, span := e.tracer.Start(ctx, tracing.SpanTermStarted, trace.WithLinks(trace.Link{SpanContext: campaign}), termAttrs)
+	ctx, span := e.tracer.Start(ctx, tracing.SpanTermStarted, trace.WithNewRoot(),
+		trace.WithLinks(trace.Link{SpanContext: campaign}), termAttrs)
 	span.AddEvent(tracing.EventLeadershipGained)
 	span.End()
 	startSpan := span.SpanContext()
@@ -438,10 +449,18 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 		trace.WithAttributes(tracing.TermMillis.Float64(float64(time.Since(started).Microseconds())/1000)))
 	rerr := lease.Release(ectx)
 	end.AddEvent(tracing.EventLeadershipLost)
-	if lost != nil {
+	switch {
+	case lost != nil || errors.Is(rerr, redlock.ErrLockLost):
+		cause := lost
+		if cause == nil {
+			cause = rerr
+		}
 		end.SetAttributes(tracing.Outcome.String(tracing.OutcomeLost), semconv.ErrorTypeKey.String(tracing.ErrorTypeLockLost))
-		end.SetStatus(codes.Error, lost.Error())
-	} else {
+		end.SetStatus(codes.Error, cause.Error())
+	case rerr != nil: // the nodes did not confirm the resignation
+		end.SetAttributes(tracing.Outcome.String(tracing.OutcomeUnavailable), semconv.ErrorTypeKey.String(tracing.ErrorTypeUnavailable))
+		end.SetStatus(codes.Error, rerr.Error())
+	default:
 		end.SetAttributes(tracing.Outcome.String(tracing.OutcomeResigned))
 	}
 	end.End()

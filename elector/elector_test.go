@@ -16,6 +16,7 @@ import (
 	"github.com/go-co-op/gocron/v2"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -560,7 +561,10 @@ func TestLeadershipSpans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// Run under an application span: the term's spans are roots all the same.
+	appCtx, app := tp.Tracer("app").Start(context.Background(), "main")
+	defer app.End()
+	ctx, cancel := context.WithCancel(appCtx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = e.Run(ctx) }()
 	var leadSC trace.SpanContext
@@ -587,6 +591,9 @@ func TestLeadershipSpans(t *testing.T) {
 		t.Fatalf("while leading: %d %q spans, %d campaign spans; want 1 and some", len(starts), tracing.SpanTermStarted, len(find(tracing.SpanCampaign)))
 	}
 	start := starts[0]
+	if start.Parent().IsValid() {
+		t.Errorf("%q has parent %v: want the root of a trace of its own", tracing.SpanTermStarted, start.Parent().SpanID())
+	}
 	if start.SpanContext().SpanID() != leadSC.SpanID() {
 		t.Error("OnStartedLeading's ctx does not carry the term's start span")
 	}
@@ -646,5 +653,57 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// TestTermEndSaysWhenTheResignationFailed: a leader whose nodes are frozen
+// when Run's ctx ends cannot resign; its term's end span says so instead of
+// "resigned".
+func TestTermEndSaysWhenTheResignationFailed(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	client, err := redlock.New(cl.Clients(t), redlock.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
+	leading := make(chan struct{})
+	e, err := elector.New(client, "frozen", elector.WithIdentity("me"), elector.WithTracerProvider(tp),
+		elector.WithLeaseTTL(3*time.Second), elector.OnStartedLeading(func(ctx context.Context) { close(leading); <-ctx.Done() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	<-leading
+	for _, s := range cl {
+		s.Stop(t)
+	}
+	cancel()
+	<-done
+	for _, s := range cl {
+		s.Cont(t)
+	}
+	var end sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == tracing.SpanTermEnded {
+			end = s
+		}
+	}
+	if end == nil {
+		t.Fatalf("no %q span", tracing.SpanTermEnded)
+	}
+	outcome := ""
+	for _, kv := range end.Attributes() {
+		if kv.Key == tracing.Outcome {
+			outcome = kv.Value.AsString()
+		}
+	}
+	if outcome == tracing.OutcomeResigned || end.Status().Code != codes.Error {
+		t.Errorf("%q: outcome %q, status %v; want not %q, status Error: the nodes never confirmed the resignation",
+			tracing.SpanTermEnded, outcome, end.Status(), tracing.OutcomeResigned)
 	}
 }

@@ -382,6 +382,9 @@ func okVerb(op string) string {
 func describe(e *QuorumError, r NodeResult) string {
 	switch r.Outcome {
 	case OutcomeOK:
+		if e.Op == "acquire" && slices.Contains(e.sentinels, ErrClosed) {
+			return "granted (not released again: the client was closed; the key expires with its TTL)"
+		}
 		if e.Op == "acquire" {
 			return "granted (released again)"
 		}

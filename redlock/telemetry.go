@@ -104,7 +104,10 @@ type newTraceKey struct{}
 // newTrace returns ctx marked so that the operation started under it is
 // the root of a new trace, linked to ctx's span: Keep's extensions, so
 // that a hold of hours (a leadership, a long job) does not grow one trace
-// without bound, and each extension is visible once it ends.
+// without bound, and each extension is visible once it ends. The root
+// sampler decides each such trace on its own; under a hold that is not
+// sampled, the operation stays a child of the hold, so that a parent-based
+// sampler drops it with the hold.
 func newTrace(ctx context.Context) context.Context {
 	return context.WithValue(ctx, newTraceKey{}, true)
 }
@@ -112,12 +115,18 @@ func newTrace(ctx context.Context) context.Context {
 // startOp starts an operation span.
 func (t *telemetry) startOp(ctx context.Context, name string, resources []string, ttl time.Duration) (context.Context, trace.Span) {
 	var span trace.Span
-	if ctx.Value(newTraceKey{}) == nil {
+	hold := trace.SpanContextFromContext(ctx)
+	switch {
+	case ctx.Value(newTraceKey{}) == nil:
 		ctx, span = t.tracer.Start(ctx, name, internal)
-	} else {
-		from := trace.Link{SpanContext: trace.SpanContextFromContext(ctx)}
+	case hold.IsValid() && !hold.IsSampled():
+		// The hold is not sampled: stay its child, so that a parent-based
+		// sampler drops this span too rather than keep a trace whose link
+		// points at a span never exported.
+		ctx, span = t.tracer.Start(context.WithValue(ctx, newTraceKey{}, nil), name, internal)
+	default:
 		ctx, span = t.tracer.Start(context.WithValue(ctx, newTraceKey{}, nil), name, internal,
-			trace.WithNewRoot(), trace.WithLinks(from))
+			trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: hold}))
 	}
 	if span.IsRecording() {
 		if !t.hideResources {

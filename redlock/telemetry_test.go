@@ -327,6 +327,116 @@ func TestKeepExtensionsAreTracesOfTheirOwn(t *testing.T) {
 	}
 }
 
+// TestWaitJoiningAWatchedKeyIsNotWokenByAnEarlierRelease: an Acquire that
+// starts watching a key which another Acquire of its Client already
+// watches is woken only by releases after it began to wait, not by one the
+// other waiter saw before (it retried at once, and its wait span read
+// "release_notice" with nothing released).
+func TestWaitJoiningAWatchedKeyIsNotWokenByAnEarlierRelease(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	holder := newClient(t, cl.Clients(t))
+	w := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp))
+	slow := func() backoff.BackOff { return backoff.NewConstantBackOff(time.Minute) }
+	ctx := context.Background()
+	held, err := holder.Acquire(ctx, []string{"k"}, 30*time.Second, redlock.WithMetadata("H"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		l   *redlock.Lock
+		err error
+	}
+	out := make(chan res, 2)
+	cctx, cancelC := context.WithCancel(ctx)
+	defer cancelC()
+	for _, c := range []context.Context{ctx, cctx} {
+		go func() {
+			l, err := w.Acquire(c, []string{"k"}, 30*time.Second, redlock.WithRetry(slow), redlock.WithMetadata("W"))
+			out <- res{l, err}
+		}()
+	}
+	waitFor(t, "subscriptions", func() bool { return allAtLeast(subscribers(t, cl.Clients(t), "k:released"), 1) })
+	time.Sleep(200 * time.Millisecond)
+	if err := held.Release(ctx); err != nil { // gen of k:released becomes 1
+		t.Fatal(err)
+	}
+	first := <-out // one waiter holds k, the other sleeps on: the keyWatch stays
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	bctx, bspan := tp.Tracer("test").Start(ctx, "B")
+	bctx, cancelB := context.WithTimeout(bctx, 300*time.Millisecond)
+	defer cancelB()
+	if _, err := w.Acquire(bctx, []string{"k"}, 30*time.Second, redlock.WithRetry(slow)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire of the held key = %v, want its ctx's deadline: nothing is released while it waits", err)
+	}
+	bspan.End()
+	var acq sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == tracing.SpanAcquire && s.Parent().SpanID() == bspan.SpanContext().SpanID() {
+			acq = s
+		}
+	}
+	for _, s := range rec.Ended() {
+		if s.Parent().SpanID() == acq.SpanContext().SpanID() {
+			t.Logf("  %-36q %v", s.Name(), s.EndTime().Sub(s.StartTime()).Round(time.Microsecond))
+			if s.Name() == tracing.WaitSpanName(tracing.WaitEndedByNotice) {
+				t.Errorf("wait span %q although no release happened while B ran", s.Name())
+			}
+		}
+	}
+	_ = first.l.Release(ctx)
+	cancelC()
+	<-out
+}
+
+// notDo samples every root span but Do's.
+type notDo struct{}
+
+func (notDo) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	if p.Name == tracing.SpanDo {
+		return sdktrace.SamplingResult{Decision: sdktrace.Drop}
+	}
+	return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample}
+}
+func (notDo) Description() string { return "notDo" }
+
+// TestExtensionsOfAnUnsampledHoldAreNotSampled: extensions are traces of
+// their own only under a sampled hold; under an unsampled one they stay
+// its children, which a parent-based sampler drops (as roots, they were
+// kept, linking to a span that was never exported).
+func TestExtensionsOfAnUnsampledHoldAreNotSampled(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.ParentBased(notDo{})))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	c := newClient(t, cl.Clients(t), redlock.WithTracerProvider(tp))
+	extended := 0
+	err := c.Do(context.Background(), []string{"unsampled"}, 300*time.Millisecond, func(ctx context.Context) error {
+		l, _ := redlock.FromContext(ctx)
+		first := l.Until()
+		waitFor(t, "two extensions", func() bool {
+			if l.Until() != first {
+				extended++
+				first = l.Until()
+			}
+			return extended >= 2
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rec.Ended() {
+		if s.Name() == tracing.SpanExtend {
+			t.Errorf("an extension of an unsampled Do was sampled (links %v)", s.Links())
+		}
+	}
+}
+
 // rawValue returns the value of key on the first node that has it.
 func rawValue(t *testing.T, cl redlocktest.Cluster, key string) string {
 	t.Helper()

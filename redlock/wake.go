@@ -126,6 +126,9 @@ func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 			wt.channels[i] = k + releasedSuffix
 		}
 		w.watch(wt.channels)
+		// Only releases from now on wake this waiter: the channels may have
+		// seen releases for another waiter of this Client before.
+		wt.gen = w.gen(wt.channels)
 	}
 	if wt.channels == nil {
 		wt.wait(ctx, q, d, nil, false)

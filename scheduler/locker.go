@@ -72,7 +72,6 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		prefix:      DefaultKeyPrefix,
 		lockTimeout: DefaultLockTimeout,
 		jitter:      DefaultLockJitter,
-		instance:    tracing.DefaultIdentity(),
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -93,10 +92,13 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, invalidf("lock timeout %v (WithLockTimeout) is not positive", cfg.lockTimeout)
 	case cfg.jitter < 0:
 		return nil, invalidf("lock jitter %v (WithLockJitter) is negative", cfg.jitter)
-	case cfg.instance == "":
+	case cfg.instanceSet && cfg.instance == "":
 		return nil, invalidf("instance ID (WithInstanceID) is empty")
 	case len(cfg.instance) > maxInstance:
 		return nil, invalidf("instance ID (WithInstanceID) is %d bytes, more than the maximum %d", len(cfg.instance), maxInstance)
+	}
+	if !cfg.instanceSet {
+		cfg.instance = tracing.DefaultIdentity()
 	}
 	if cfg.clock == nil {
 		cfg.clock = clockwork.NewRealClock()
@@ -218,7 +220,9 @@ func (l *Locker) lockTimeout(job string) time.Duration {
 // Lock never returns (nil, nil).
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	tick := l.Tick(key)
-	sctx, span := l.tracer.Start(ctx, tracing.JobSpanName(key, ""), trace.WithSpanKind(trace.SpanKindInternal),
+	// Started as "scheduler.run" (what a sampler sees), named for the job
+	// and its outcome only when recorded: no name is built for nothing.
+	sctx, span := l.tracer.Start(ctx, tracing.SpanJobRun, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(tracing.Job.String(key), tracing.Tick.String(tick.Format(tickFormat)),
 			tracing.Instance.String(l.cfg.instance)))
 	if err := checkName(key); err != nil {
@@ -238,8 +242,10 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
-	span.SetName(tracing.JobSpanName(key, tracing.OutcomeRan))
-	span.SetAttributes(tracing.Outcome.String(tracing.OutcomeRan))
+	if span.IsRecording() {
+		span.SetName(tracing.JobSpanName(key, tracing.OutcomeRan))
+		span.SetAttributes(tracing.Outcome.String(tracing.OutcomeRan))
+	}
 	if l.runCount.Enabled(ctx) {
 		l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(key), tracing.Outcome.String(tracing.OutcomeRan)))
 	}
@@ -449,12 +455,8 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 			span.SetStatus(codes.Error, err.Error())
 		}
 	case errors.Is(err, ErrHeldElsewhere):
-		var q *redlock.QuorumError
-		if span.IsRecording() && errors.As(err, &q) {
-			if md, ok := q.HolderMetadata(); ok {
-				instance, _, _ := splitHolder(md) // without its clock reading and nonce
-				span.SetAttributes(tracing.Holder.String(instance))
-			}
+		if span.IsRecording() {
+			recordHolder(span, err)
 		}
 	case errors.Is(err, ErrStopped):
 		outcome = tracing.OutcomeSkippedStopped
@@ -468,11 +470,26 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 			span.SetStatus(codes.Error, err.Error())
 		}
 	}
-	span.SetName(tracing.JobSpanName(job, outcome))
-	span.SetAttributes(tracing.Outcome.String(outcome))
+	if span.IsRecording() {
+		span.SetName(tracing.JobSpanName(job, outcome))
+		span.SetAttributes(tracing.Outcome.String(outcome))
+	}
 	span.End()
 	if l.runCount.Enabled(ctx) { // else the options are built for nothing
 		l.runCount.Add(ctx, 1, metric.WithAttributes(tracing.Job.String(job), tracing.Outcome.String(outcome)))
+	}
+}
+
+// recordHolder records on a skipped tick's span the instance that holds
+// the tick, named by err's quorum.
+func recordHolder(span trace.Span, err error) {
+	var q *redlock.QuorumError
+	if !errors.As(err, &q) {
+		return
+	}
+	if md, ok := q.HolderMetadata(); ok {
+		instance, _, _ := splitHolder(md) // without its clock reading and nonce
+		span.SetAttributes(tracing.Holder.String(instance))
 	}
 }
 

@@ -47,6 +47,7 @@ type lockerConfig struct {
 	logger      *slog.Logger
 	onLost      func(job string, err error)
 	instance    string
+	instanceSet bool // WithInstanceID given: no default identity drawn
 	tracer      trace.TracerProvider
 	meter       metric.MeterProvider
 }
@@ -73,16 +74,16 @@ func WithMeterProvider(mp metric.MeterProvider) LockerOption {
 // nodes, retried) from a tick really taken. It must differ between live
 // instances: one that finds a tick record of another process with its own
 // ID reports ErrDuplicateInstance. Default tracing.DefaultIdentity(),
-// "<service>/<host>-<pid>" (e.g. "billing/web-3-19350"): set an ID of your
-// own (a pod name, say) where host name and process ID do not tell
-// instances apart, e.g. containers that share the host's network namespace
-// and so its host name. NewLocker rejects "" and IDs longer than redlock.MaxMetadata - 30 bytes:
-// the locks' metadata is "<ID>@<the instance's clock in Unix ms>/<a
+// "<service>/<host>-<pid>-<token>" (e.g. "billing/web-3-19350-1a2b", with a
+// random token per process). NewLocker rejects "" and IDs longer than
+// redlock.MaxMetadata - 30 bytes: the locks' metadata is "<ID>@<the instance's clock in Unix ms>/<a
 // random nonce of the Locker>", which other instances' redlock errors show
 // as the holder. A Locker that replaces one with the same ID in the same
 // process (a restart) may report ErrDuplicateInstance for the old one's
 // records, for at most their TTL.
-func WithInstanceID(id string) LockerOption { return func(c *lockerConfig) { c.instance = id } }
+func WithInstanceID(id string) LockerOption {
+	return func(c *lockerConfig) { c.instance, c.instanceSet = id, true }
+}
 
 // WithTTL sets the TTL of the lock a running job holds (extended every TTL/3
 // while it runs). A crashed instance blocks the job for at most this long.
