@@ -403,22 +403,27 @@ func describe(e *QuorumError, r NodeResult) string {
 		}
 		return fmt.Sprintf("failed: %v", r.Err)
 	case OutcomeTimeout:
-		var na *noAnswerError
-		switch {
-		case r.canceled:
-			return fmt.Sprintf("cut short by the caller's context (%v)", r.Err)
-		case errors.As(r.Err, &na):
-			return na.msg
-		case r.Err == nil:
-			return "no answer in time"
-		}
-		return fmt.Sprintf("no answer in time (%v)", r.Err)
+		return timeoutText(r)
 	case OutcomeGated:
 		return "not voting yet: it lost its data recently and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
 		return "not waited for: the other nodes' answers had decided the outcome"
 	}
 	return r.Outcome.String()
+}
+
+// timeoutText says why a node with OutcomeTimeout gave no answer.
+func timeoutText(r NodeResult) string {
+	var na *noAnswerError
+	switch {
+	case r.canceled:
+		return fmt.Sprintf("cut short by the caller's context (%v)", r.Err)
+	case errors.As(r.Err, &na):
+		return na.msg
+	case r.Err == nil:
+		return "no answer in time"
+	}
+	return fmt.Sprintf("no answer in time (%v)", r.Err)
 }
 
 // refusedText says who holds what on a node that refused an acquisition:
