@@ -13,7 +13,6 @@ import (
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/scheduler"
 	"github.com/schedlock/schedlock/tracing"
-	"github.com/schedlock/schedlock/tracing/otlp"
 )
 
 // TestJaegerShowsWhoRanEachTick: three scheduler instances try one tick of
@@ -25,16 +24,7 @@ func TestJaegerShowsWhoRanEachTick(t *testing.T) {
 	const service = "schedlock-e2e-fleet"
 	exportTo(t, "http/protobuf", j.otlpHTTP, service)
 	ctx := context.Background()
-	shutdown, err := otlp.Setup(ctx, service)
-	if err != nil {
-		t.Fatalf("Setup: %v", err)
-	}
-	flushed := false
-	t.Cleanup(func() {
-		if !flushed {
-			_ = shutdown(ctx)
-		}
-	})
+	flush := setupExport(t, service)
 	nodes := miniNodes(t)
 	var lockers []*scheduler.Locker
 	for i := range 3 {
@@ -65,12 +55,7 @@ func TestJaegerShowsWhoRanEachTick(t *testing.T) {
 	if err := run.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	flushed = true
-	if err := shutdown(sctx); err != nil {
-		t.Fatalf("shutdown (export to Jaeger): %v", err)
-	}
+	flush()
 
 	ran, skipped := tracing.JobSpanName("report", tracing.OutcomeRan), tracing.JobSpanName("report", tracing.OutcomeSkippedHeld)
 	err = poll(ctx, 10*time.Second, func(ctx context.Context) error {
@@ -113,16 +98,7 @@ func TestJaegerShowsARunningLeadersTerm(t *testing.T) {
 	exportTo(t, "http/protobuf", j.otlpHTTP, service)
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "1000") // ms; the default is 5000
 	ctx := context.Background()
-	shutdown, err := otlp.Setup(ctx, service)
-	if err != nil {
-		t.Fatalf("Setup: %v", err)
-	}
-	flushed := false
-	t.Cleanup(func() {
-		if !flushed {
-			_ = shutdown(ctx)
-		}
-	})
+	flush := setupExport(t, service)
 	c, err := redlock.New(miniNodes(t))
 	if err != nil {
 		t.Fatal(err)
@@ -207,12 +183,7 @@ func TestJaegerShowsARunningLeadersTerm(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	done <- nil // for the cleanup
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	flushed = true
-	if err := shutdown(sctx); err != nil {
-		t.Fatalf("shutdown (export to Jaeger): %v", err)
-	}
+	flush()
 	err = poll(ctx, 10*time.Second, func(ctx context.Context) error {
 		traces, err := j.search(ctx, service, nil)
 		if err != nil {

@@ -33,16 +33,7 @@ func TestJaegerShowsContendedAcquisition(t *testing.T) {
 	const service = "schedlock-e2e"
 	exportTo(t, "http/protobuf", j.otlpHTTP, service)
 	ctx := context.Background()
-	shutdown, err := otlp.Setup(ctx, "unused: OTEL_SERVICE_NAME wins")
-	if err != nil {
-		t.Fatalf("Setup: %v", err)
-	}
-	flushed := false
-	t.Cleanup(func() {
-		if !flushed {
-			_ = shutdown(ctx)
-		}
-	})
+	flush := setupExport(t, "unused: OTEL_SERVICE_NAME wins")
 
 	// No telemetry options: the Clients record through the globals.
 	newClient := func(opts ...redlock.Option) *redlock.Client {
@@ -90,12 +81,7 @@ func TestJaegerShowsContendedAcquisition(t *testing.T) {
 		t.Fatalf("TryAcquire with 2 of 3 nodes down = %v, want ErrUnavailable", err)
 	}
 
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	flushed = true
-	if err := shutdown(sctx); err != nil {
-		t.Fatalf("shutdown (export to Jaeger): %v", err)
-	}
+	flush()
 
 	// Read the traces back: the holder's, the waiter's and the failure's.
 	var holderTrace, waiterTrace, failedTrace *jTrace

@@ -14,9 +14,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/schedlock/schedlock/tracing/otlp"
 )
 
 // jaegerHint tells how to get the Jaeger binary the end-to-end tests need.
@@ -384,6 +387,31 @@ func exportTo(t *testing.T, protocol, endpoint, service string) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
 	t.Setenv("OTEL_SERVICE_NAME", service)
 	t.Setenv("OTEL_METRICS_EXPORTER", "none")
+}
+
+// setupExport calls otlp.Setup(serviceName) for the environment exportTo
+// set, and returns flush: Setup's shutdown, which exports what is left,
+// bounded by 10 s, failing t when that export fails. When a test ends
+// without calling flush, the cleanup shuts down all the same.
+func setupExport(t *testing.T, serviceName string) (flush func()) {
+	t.Helper()
+	ctx := context.Background()
+	shutdown, err := otlp.Setup(ctx, serviceName)
+	if err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { _ = shutdown(ctx) }) })
+	return func() {
+		t.Helper()
+		once.Do(func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := shutdown(sctx); err != nil {
+				t.Fatalf("shutdown (export to Jaeger): %v", err)
+			}
+		})
+	}
 }
 
 // short shortens a value for failure messages.
