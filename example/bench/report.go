@@ -240,6 +240,12 @@ func writeSched(w io.Writer, rs []result) {
 		{"client CPU, all instances (cores)", func(m map[string]float64) string { return fmt2(m[mCPUCores]) }},
 		{"client CPU per job-tick", func(m map[string]float64) string { return fmtUs(m[mCPUPerTickUS]) }},
 		{"redis-server CPU, all nodes (cores)", func(m map[string]float64) string { return fmt2(m[mRedisCPUCores]) }},
+		{"CPU stolen by the hypervisor, all vCPUs (cores)", func(m map[string]float64) string {
+			if v, ok := m[mStolenCores]; ok {
+				return fmt2(v)
+			}
+			return "unknown"
+		}},
 		{"Lock errors: held elsewhere / other", func(m map[string]float64) string {
 			return fmt.Sprintf("%.0f / %.0f", m[mLockErrHeld], m[mLockErrOther])
 		}},
@@ -264,8 +270,8 @@ func writeSched(w io.Writer, rs []result) {
 func summary(r result) string {
 	if r.Workload == wSched {
 		m := r.Metrics
-		return fmt.Sprintf("runs/tick %.3f missed %.0f dup %.0f cmds/tick %.1f (sent %.1f) cpu %.2f cores redis %.2f cores",
-			m[mRunsPerTick], m[mMissed], m[mDup], m[mServerCmdsTick], m[mClientCmdsTick], m[mCPUCores], m[mRedisCPUCores])
+		return fmt.Sprintf("runs/tick %.3f missed %.0f dup %.0f cmds/tick %.1f (sent %.1f) cpu %.2f cores redis %.2f cores stolen %.2f cores",
+			m[mRunsPerTick], m[mMissed], m[mDup], m[mServerCmdsTick], m[mClientCmdsTick], m[mCPUCores], m[mRedisCPUCores], m[mStolenCores])
 	}
 	var parts []string
 	for _, c := range tableColumns[r.Workload] {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -28,6 +31,7 @@ const (
 	mCPUCores        = "client_cpu_cores"
 	mCPUPerTickUS    = "client_cpu_us_per_job_tick"
 	mRedisCPUCores   = "redis_cpu_cores"
+	mStolenCores     = "stolen_cpu_cores"
 	mLockErrHeld     = "lock_errors_held_elsewhere"
 	mLockErrOther    = "lock_errors_other"
 	mInstances       = "instances"
@@ -149,6 +153,7 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 	}
 	cli0 := cnt.n.Load()
 	rcpu0 := nodes.cpu()
+	steal0, stealOK := stolenCPU()
 	held0, other0 := held.Load(), other.Load()
 	stopProfile := func() error { return nil }
 	if b.cfg.profile != "" { // the window, for -cpuprofile
@@ -176,6 +181,7 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 	}
 	cli := cnt.n.Load() - cli0
 	rcpu := nodes.cpu() - rcpu0
+	steal1, _ := stolenCPU()
 	heldN, otherN := held.Load()-held0, other.Load()-other0
 	// Let the runs of the last ticks finish, then stop.
 	time.Sleep(time.Second)
@@ -222,6 +228,9 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 		mLockErrHeld:     float64(heldN),
 		mLockErrOther:    float64(otherN),
 	}}
+	if stealOK {
+		res.Metrics[mStolenCores] = (steal1 - steal0).Seconds() / wall.Seconds()
+	}
 	if s, ok := lastOther.Load().(string); ok {
 		if len(s) > 400 {
 			s = s[:400] + "…"
@@ -244,6 +253,28 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 }
 
 // processCPU returns the user + system CPU time of this process.
+// stolenCPU returns the CPU time that the hypervisor gave other guests
+// while this machine's vCPUs wanted to run ("steal" in /proc/stat), summed
+// over all CPUs; ok is false where /proc/stat has no steal column. A
+// window that lost CPU this way misses ticks that the same code meets on a
+// quiet machine: the report gives it beside the misses.
+func stolenCPU() (d time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, false
+	}
+	ticks, err := strconv.ParseInt(f[8], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ticks) * time.Second / 100, true // USER_HZ is 100 on Linux
+}
+
 func processCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
