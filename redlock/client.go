@@ -21,9 +21,9 @@ import (
 //
 // New starts nothing. A command for a node starts that node's sender
 // goroutine (internal/node), which ends after 100 ms without commands, and
-// a waiting Acquire starts the release-notice subscribers (wake.go), which
-// end when no Acquire waits. Close stops them all at once and returns once
-// they have ended. The Client does not own the go-redis clients: close them
+// the first Acquire that waits starts the release-notice subscribers
+// (wake.go), which run until Close. Close stops them all at once and
+// returns once they have ended. The Client does not own the go-redis clients: close them
 // after Close.
 type Client struct {
 	peers  []*peer
