@@ -147,22 +147,13 @@ const (
 
 // String returns "ok", "held", "error", "timeout", "gated" or "pending".
 func (o Outcome) String() string {
-	switch o {
-	case OutcomeOK:
-		return "ok"
-	case OutcomeHeld:
-		return "held"
-	case OutcomeError:
-		return "error"
-	case OutcomeTimeout:
-		return "timeout"
-	case OutcomeGated:
-		return "gated"
-	case OutcomePending:
-		return "pending"
+	if o >= 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
+
+var outcomeNames = [...]string{"ok", "held", "error", "timeout", "gated", "pending"}
 
 // NodeResult is one node's part in a quorum round.
 type NodeResult struct {
@@ -299,24 +290,25 @@ func (e *QuorumError) Error() string {
 
 // outcome says what the round failed to do: "not acquired", "lost", ...
 func (e *QuorumError) outcome() string {
-	lost := slices.Contains(e.sentinels, ErrLockLost)
-	switch e.Op {
-	case "acquire", "fence", "check":
-		return "not acquired"
-	case "extend":
-		if lost {
-			return "lost"
-		}
-		return "not extended"
-	case "release":
-		if lost {
-			return "lost"
-		}
-		return "not released"
-	case "holder":
-		return "unknown"
+	t, ok := opTexts[e.Op]
+	switch {
+	case !ok:
+		return "failed in its " + e.Op + " round"
+	case slices.Contains(e.sentinels, ErrLockLost):
+		return "lost"
 	}
-	return "failed in its " + e.Op + " round"
+	return t.failed
+}
+
+// opTexts says, per round, what a node with OutcomeOK did and what a
+// failed round did not do.
+var opTexts = map[string]struct{ ok, failed string }{
+	"acquire": {"granted", "not acquired"},
+	"fence":   {"recorded the fencing token", "not acquired"},
+	"check":   {"confirmed the fencing token", "not acquired"},
+	"extend":  {"extended", "not extended"},
+	"release": {"released", "not released"},
+	"holder":  {"answered", "unknown"},
 }
 
 // body is what the round found: the nodes that did their part against the
@@ -361,19 +353,8 @@ func (e *QuorumError) body() string {
 
 // okVerb says what a node with OutcomeOK did in a round of op.
 func okVerb(op string) string {
-	switch op {
-	case "acquire":
-		return "granted"
-	case "fence":
-		return "recorded the fencing token"
-	case "check":
-		return "confirmed the fencing token"
-	case "extend":
-		return "extended"
-	case "release":
-		return "released"
-	case "holder":
-		return "answered"
+	if t, ok := opTexts[op]; ok {
+		return t.ok
 	}
 	return "succeeded"
 }

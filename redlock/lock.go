@@ -392,7 +392,7 @@ func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool
 		keys, want = append(slices.Clip(keys), l.keys[len(l.keys)-1]), l.n+1
 	}
 	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice},
-		parse: parseInt(int64(want)), skip: skip, detach: true, cleanup: true}
+		parse: parseInt(int64(want)), skip: skip, cleanup: true}
 }
 
 // parseInt reads a script's integer reply, OK when it equals want, else

@@ -42,18 +42,16 @@ type roundSpec struct {
 	// skipDown counts the nodes that are down (peer.down) as failed until
 	// they answer, so that an acquire round does not wait for them.
 	skipDown bool
-	// detach makes the calls ignore the caller's cancellation and deadline
-	// (release and undo clean up also for a caller that gave up).
-	detach bool
 	// deadline, if earlier than the node timeout, ends the round and drops
 	// its calls not sent by then (extend: never after Until).
 	deadline time.Time
-	// cleanup (release, undo): the calls have no deadline of their own;
-	// each goes out when its node's sender gets to it, however late, so
-	// that it always runs after the acquire it follows on that node (which
-	// go-redis may have delayed: a new connection to dial first). A
-	// delete of our own value is harmless at any time. The round still
-	// waits at most the node timeout.
+	// cleanup (release, undo): the calls ignore the caller's cancellation
+	// (they clean up also for a caller that gave up) and have no deadline
+	// of their own; each goes out when its node's sender gets to it,
+	// however late, so that it always runs after the acquire it follows on
+	// that node (which go-redis may have delayed: a new connection to dial
+	// first). A delete of our own value is harmless at any time. The round
+	// still waits at most the node timeout.
 	cleanup bool
 	// async returns at once, without results (undo).
 	async bool
@@ -97,12 +95,9 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
 	}
-	switch {
-	case spec.cleanup:
+	if spec.cleanup {
 		rs.callCtx, rs.cancel = context.WithCancel(context.WithoutCancel(rs.ctx))
-	case spec.detach:
-		rs.callCtx, rs.cancel = context.WithDeadline(context.WithoutCancel(rs.ctx), end)
-	default:
+	} else {
 		rs.callCtx, rs.cancel = context.WithDeadline(rs.ctx, end)
 	}
 	rs.cmd = spec.args
@@ -122,7 +117,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 		stop, timeout = nil, timer.C
 	}
 	var callerDone <-chan struct{}
-	if !spec.detach {
+	if !spec.cleanup {
 		callerDone = ctx.Done()
 	}
 	select {
@@ -229,7 +224,7 @@ func (rs *roundState) resend(nc *nodeCall) bool {
 // classify turns p's reply into its NodeResult.
 func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 	err := cmd.Err()
-	cut := !rs.spec.detach && rs.ctx.Err() != nil // the caller gave up
+	cut := !rs.spec.cleanup && rs.ctx.Err() != nil // the caller gave up
 	var r NodeResult
 	switch {
 	case err == nil || err == redis.Nil:
@@ -299,7 +294,7 @@ func (rs *roundState) finish() []NodeResult {
 	var cause error
 	switch {
 	case rs.decided:
-	case !rs.spec.detach && rs.ctx.Err() != nil:
+	case !rs.spec.cleanup && rs.ctx.Err() != nil:
 		missing, cut, cause = OutcomeTimeout, true, context.Cause(rs.ctx)
 	default:
 		missing, cause = OutcomeTimeout, &noAnswerError{msg: rs.limitText()}

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -386,30 +387,17 @@ func splitAddr(addr string) (host string, port int) {
 
 // traceparentOf returns the W3C traceparent of ctx's span, or "".
 func traceparentOf(ctx context.Context) string {
-	sc := trace.SpanContextFromContext(ctx)
-	if !sc.IsValid() {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return ""
 	}
-	flags := "00"
-	if sc.IsSampled() {
-		flags = "01"
-	}
-	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + flags
+	c := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, c)
+	return c["traceparent"]
 }
 
-// parseTraceparent parses a W3C traceparent written by traceparentOf.
+// parseTraceparent parses a W3C traceparent (traceparentOf).
 func parseTraceparent(s string) (trace.SpanContext, bool) {
-	if len(s) != traceparentLen || s[:3] != "00-" || s[35] != '-' || s[52] != '-' {
-		return trace.SpanContext{}, false
-	}
-	tid, err1 := trace.TraceIDFromHex(s[3:35])
-	sid, err2 := trace.SpanIDFromHex(s[36:52])
-	if err1 != nil || err2 != nil {
-		return trace.SpanContext{}, false
-	}
-	var flags trace.TraceFlags
-	if s[53:] == "01" {
-		flags = trace.FlagsSampled
-	}
-	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, Remote: true}), true
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": s})
+	sc := trace.SpanContextFromContext(ctx)
+	return sc, sc.IsValid()
 }
