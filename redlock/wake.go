@@ -80,15 +80,15 @@ func newWaker(c *Client) *waker {
 		stop: make(chan struct{})}
 }
 
-// globEscape escapes the characters that Redis glob patterns give a
-// meaning to.
+// globEscape escapes the bytes that Redis glob patterns give a meaning to
+// (a key prefix is any bytes, not necessarily UTF-8).
 func globEscape(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
+	for i := range len(s) {
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }

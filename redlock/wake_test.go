@@ -409,7 +409,7 @@ func TestHolderIgnoresWaitMarks(t *testing.T) {
 func TestWakeWithGlobCharactersInPrefix(t *testing.T) {
 	verifyNoLeaks(t)
 	cl := redlocktest.Start(t, 3)
-	prefix := redlock.WithKeyPrefix(`a*?[b]\c:`)
+	prefix := redlock.WithKeyPrefix("a*?[b]\\c\xff:") // not UTF-8 either
 	holder := newClient(t, cl.Clients(t), prefix)
 	waiter := newClient(t, cl.Clients(t), prefix, redlock.WithRetry(slowRetry))
 	ctx := context.Background()
