@@ -41,7 +41,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	}
 	policy.Reset()
 	w := c.wake.waiter(l)
-	defer w.stop()
+	defer func() { w.stop(err == nil) }()
 	var last *QuorumError
 	for attempts = 1; ; attempts++ {
 		if c.closed.Load() {

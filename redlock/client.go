@@ -21,9 +21,9 @@ import (
 //
 // New starts nothing. A command for a node starts that node's sender
 // goroutine (internal/node), which ends after 100 ms without commands, and
-// the first Acquire that waits starts the release-notice subscribers
-// (wake.go), which run until Close. Close stops them all at once and
-// returns once they have ended. The Client does not own the go-redis clients: close them
+// a waiting Acquire starts the release-notice subscribers (wake.go), which
+// end when no Acquire waits. Close stops them all at once and returns once
+// they have ended. The Client does not own the go-redis clients: close them
 // after Close.
 type Client struct {
 	peers  []*peer
@@ -177,7 +177,9 @@ func (c *Client) Nodes() int { return len(c.peers) }
 //
 // Errors: ctx's cause when ctx ended before the queued commands went out
 // (they are cancelled; a command that go-redis is reading a reply for then
-// ends with the client's read timeout at the latest). Safe to call more
+// ends with the client's read timeout at the latest, and so does a
+// release-notice subscription that is still connecting: Close can return
+// that much later than ctx). Safe to call more
 // than once and concurrently; later calls wait as the first does.
 func (c *Client) Close(ctx context.Context) error {
 	c.closed.Store(true)

@@ -44,9 +44,8 @@
 //
 // A Client and a Lock are safe for concurrent use. New starts nothing; the
 // Client starts one sender goroutine per node at its first command, and
-// one release-notice subscriber per node when an Acquire first waits. Close
-// stops them and returns once they have ended; close the go-redis clients
-// after it.
+// release-notice subscribers while an Acquire waits. Close stops them and
+// returns once they have ended; close the go-redis clients after it.
 //
 // # How it works
 //

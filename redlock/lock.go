@@ -362,7 +362,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	if prev == stateReleased {
 		return wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
 	}
-	notice := c.wake.noticeID(value)
+	notice := c.wake.noticeID()
 	rs := c.round(ctx, c.releaseSpec(l, "release", value, aid, notice, nil))
 	ok := count(rs, OutcomeOK)
 	expired := !time.Now().Before(until)

@@ -159,17 +159,16 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithReleaseNotices turns waking on release on or off (default on): an
-// Acquire that a holder refused on a quorum listens, on every node, for
+// Acquire that a holder refused on a quorum subscribes, on every node, to
 // the release notices of its resources and starts its next round as soon as
 // the holder releases, instead of polling with its retry delay (wake.go).
-// The channels are "<key>:released", and the Client subscribes to the
-// pattern "<prefix>*:released" (PSUBSCRIBE; glob characters of the prefix
-// escaped with a backslash): an ACL user needs &<prefix>*:released (Redis 7
-// gives new users no channel); a release whose PUBLISH is denied still
-// releases. Turn it off where the nodes refuse PSUBSCRIBE (ACLs, proxies
-// without pub/sub): this Client's releases then publish nothing either.
-// From the first Acquire that waits until Close, the Client keeps one
-// PubSub connection and one goroutine per node.
+// The channels are "<key>:released": an ACL user needs
+// &<prefix>*:released (Redis 7 gives new users no channel); a release
+// whose PUBLISH is denied still releases. Turn it off where the nodes refuse
+// SUBSCRIBE (ACLs, proxies without pub/sub): this Client's releases then
+// publish nothing either. While an Acquire waits, the Client keeps one
+// PubSub connection and two goroutines per node; they end when no Acquire
+// waits any more, and at Close.
 func WithReleaseNotices(on bool) Option {
 	return clientOption(func(c *config) { c.noWake = !on })
 }

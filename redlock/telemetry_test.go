@@ -243,7 +243,7 @@ func TestWaitSpanSaysWhatEndedIt(t *testing.T) {
 		got <- err
 	}()
 	nodes := cl.Clients(t)
-	waitFor(t, "the waiter's subscriptions", func() bool { return allAtLeast(subscribed(t, nodes), 1) })
+	waitFor(t, "the waiter's subscriptions", func() bool { return allAtLeast(subscribers(t, nodes, "notice:released"), 1) })
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestWaitJoiningAWatchedKeyIsNotWokenByAnEarlierRelease(t *testing.T) {
 			out <- res{l, err}
 		}()
 	}
-	waitFor(t, "subscriptions", func() bool { return allAtLeast(subscribed(t, cl.Clients(t)), 1) })
+	waitFor(t, "subscriptions", func() bool { return allAtLeast(subscribers(t, cl.Clients(t), "k:released"), 1) })
 	time.Sleep(200 * time.Millisecond)
 	if err := held.Release(ctx); err != nil { // gen of k:released becomes 1
 		t.Fatal(err)

@@ -2,11 +2,8 @@ package redlock
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,26 +15,30 @@ import (
 // Wake on release (WithReleaseNotices). An Acquire that a holder refused
 // marks the holder's key (scripts/acquire.lua), and the holder's Release
 // then publishes a notice on "<key>:released" on every node where it
-// deletes the key. The waiting Acquire starts its next round when notices
-// of one release have come from a quorum of nodes, instead of sleeping out
-// its retry delay, which stays the fallback for what publishes nothing (a
-// key that expires, a lost notice). Waking changes no outcome, only when
-// the next round starts. Each release wakes one sleeping Acquire of this
-// Client, first come first woken, so that waiters in one process do not
-// split the nodes' votes between them.
+// deletes the key. The waiting Acquire subscribes to those channels and
+// starts its next round when notices of one release have come from a
+// quorum of nodes, instead of sleeping out its retry delay, which stays the
+// fallback for what publishes nothing (a key that expires, a lost notice).
+// Waking changes no outcome, only when the next round starts. Each release
+// (its notices carry a random ID) wakes one sleeping Acquire of this
+// Client, first come first woken and each at most once, so that waiters in
+// one process do not split the nodes' votes between them; a woken Acquire
+// that ends without the lock passes the wake on to the next.
 //
 // Only a quorum that reports one holder makes a waiter rely on notices:
 // its delay is then stretched to that holder's expiry (at most
-// maxNoticeWait) once every node has confirmed the subscription. After a
+// maxNoticeWait) while every node has confirmed the subscription. After a
 // split vote (contenders that each won a minority, and undo their partial
 // grants without a notice) the retry delay alone paces the next round.
 //
-// From the first Acquire that waits until Close, each node has one
-// subscriber: a PubSub connection of the node's client with one pattern
-// subscription, "<prefix>*:released", and a goroutine that receives on it.
-// Notices of keys that no Acquire of this Client waits for are dropped.
+// While some Acquire waits, each node has a subscriber: one goroutine that
+// applies (UN)SUBSCRIBE and one that receives on a PubSub connection of the
+// node's client; they end when no Acquire waits any more, and at Close.
 
 const (
+	// recentReleases is how many released locks per key are remembered,
+	// to count the notices of one release from several nodes.
+	recentReleases = 4
 	// maxNoticeWait bounds how long a waiter relies on notices alone: the
 	// longest a lost notice can delay it.
 	maxNoticeWait = time.Second
@@ -46,62 +47,60 @@ const (
 	// maxWakeRetry.
 	wakeRetry    = 100 * time.Millisecond
 	maxWakeRetry = 2 * time.Second
-	// maxNotices bounds the releases remembered per watched key, to count
-	// the notices of one release from several nodes.
-	maxNotices = 16
 )
 
 type waker struct {
-	c       *Client
-	off     bool
-	pattern string // the subscribers' pattern
-
-	mu      sync.Mutex
-	keys    map[string]*keyWatch // by channel
-	ready   []bool               // per node: the subscription is confirmed
-	subs    []*redis.PubSub      // per node, once its subscriber has one
-	started bool
-	closed  bool
-	stop    chan struct{} // closed by close
-	wg      sync.WaitGroup
+	c    *Client
+	off  bool
+	mu   sync.Mutex
+	keys map[string]*keyWatch // by channel
+	subs []*subscriber        // per node; nil when not running
+	wg   sync.WaitGroup       // the subscribers' goroutines
+	done bool                 // closed: start no subscriber
 }
 
-// keyWatch is the state of one watched channel.
+// keyWatch is the state of one wanted channel.
 type keyWatch struct {
-	refs     int             // Acquire calls watching it
-	gen      uint64          // releases seen
-	notices  map[string]int  // per release: nodes that sent its notice
-	sleepers []chan struct{} // sleeping Acquire calls, first come first
+	refs      int                         // Acquire calls waiting for it
+	confirmed []bool                      // per node: the subscription is confirmed
+	gen       uint64                      // releases seen
+	recent    [recentReleases]releaseSeen // the last released locks
+	next      int                         // where the next one goes in recent
+	sleepers  []*sleeper                  // sleeping Acquire calls, first come first
+}
+
+// sleeper is one sleeping Acquire, in the sleepers of each of its keys.
+type sleeper struct {
+	wake  chan struct{} // 1-buffered
+	woken bool          // by one of its keys: the others pass it over
+}
+
+// releaseSeen counts the nodes that sent the notice of one lock's release.
+type releaseSeen struct {
+	id    string
+	nodes []bool
+	fired bool // a quorum has been seen; later copies are ignored
+}
+
+// subscriber keeps one node's subscriptions equal to the wanted channels.
+type subscriber struct {
+	kick chan struct{} // 1-buffered: the wanted channels changed
+	stop chan struct{} // closed by close
 }
 
 func newWaker(c *Client) *waker {
-	return &waker{c: c, off: c.cfg.noWake, pattern: globEscape(c.cfg.keyPrefix) + "*" + releasedSuffix,
-		keys: map[string]*keyWatch{}, ready: make([]bool, len(c.peers)), subs: make([]*redis.PubSub, len(c.peers)),
-		stop: make(chan struct{})}
+	return &waker{c: c, off: c.cfg.noWake, keys: map[string]*keyWatch{}, subs: make([]*subscriber, len(c.peers))}
 }
 
-// globEscape escapes the bytes that Redis glob patterns give a meaning to
-// (a key prefix is any bytes, not necessarily UTF-8).
-func globEscape(s string) string {
-	var b strings.Builder
-	for i := range len(s) {
-		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// noticeID returns the payload of a release notice of value, the same on
-// every node, which says nothing about the owner token; "" with notices
-// off (the release then publishes nothing).
-func (w *waker) noticeID(value string) string {
+// noticeID returns the payload of the release notices of one Release: a
+// random ID, the same on every node, so that the notices of two releases
+// are never counted as one (a reentrant owner's value repeats); "" with
+// notices off (the release then publishes nothing).
+func (w *waker) noticeID() string {
 	if w.off {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(value))
-	return hex.EncodeToString(sum[:8])
+	return newAcquisitionID()
 }
 
 // waiter is one Acquire's use of release notices.
@@ -110,6 +109,7 @@ type waiter struct {
 	l        *Lock
 	channels []string // nil until it watches
 	gen      uint64   // releases seen before the current attempt
+	woken    bool     // a notice ended the last sleep
 }
 
 func (w *waker) waiter(l *Lock) *waiter { return &waiter{w: w, l: l} }
@@ -132,37 +132,41 @@ func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 		for i, k := range wt.l.keys[:wt.l.n] {
 			wt.channels[i] = k + releasedSuffix
 		}
+		w.watch(wt.channels)
 		// Only releases from now on wake this waiter: the channels may have
 		// seen releases for another waiter of this Client before.
-		wt.gen = w.watch(wt.channels)
+		wt.gen = w.gen(wt.channels)
 	}
 	if wt.channels == nil {
 		wt.wait(ctx, q, d, nil, false)
 		return
 	}
-	wake := make(chan struct{}, 1)
+	s := &sleeper{wake: make(chan struct{}, 1)}
 	w.mu.Lock()
 	var g uint64
+	confirmed := true
 	for _, ch := range wt.channels {
 		kw := w.keys[ch]
 		g += kw.gen
-		kw.sleepers = append(kw.sleepers, wake)
+		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.peers)
+		kw.sleepers = append(kw.sleepers, s)
 	}
 	released := g != wt.gen // a release came during the attempt
 	if released {
 		d = 0
-	} else if expires, ok := oneHolder(q); ok && !slices.Contains(w.ready, false) {
+	} else if expires, ok := oneHolder(q); ok && confirmed {
 		d = max(d, min(expires+driftConstant, maxNoticeWait))
 	}
 	w.mu.Unlock()
-	wt.wait(ctx, q, d, wake, released)
+	wt.wait(ctx, q, d, s.wake, released)
 	w.mu.Lock()
 	for _, ch := range wt.channels {
 		kw := w.keys[ch]
-		if i := slices.Index(kw.sleepers, wake); i >= 0 {
+		if i := slices.Index(kw.sleepers, s); i >= 0 {
 			kw.sleepers = slices.Delete(kw.sleepers, i, i+1)
 		}
 	}
+	wt.woken = s.woken
 	w.mu.Unlock()
 }
 
@@ -177,11 +181,21 @@ func (wt *waiter) wait(ctx context.Context, q *QuorumError, d time.Duration, wak
 	endWait(span, endedBy)
 }
 
-// stop ends the waiter's watch.
-func (wt *waiter) stop() {
-	if wt.channels != nil {
-		wt.w.unwatch(wt.channels)
+// stop ends the waiter's watch. An Acquire that a release woke and that
+// ends without the lock (its ctx ended, its policy gave up) passes the
+// wake on to the next sleeper of each of its keys.
+func (wt *waiter) stop(acquired bool) {
+	if wt.channels == nil {
+		return
 	}
+	if wt.woken && !acquired {
+		wt.w.mu.Lock()
+		for _, ch := range wt.channels {
+			wt.w.keys[ch].wakeOne()
+		}
+		wt.w.mu.Unlock()
+	}
+	wt.w.unwatch(wt.channels)
 }
 
 // sleep waits d, or until wake or ctx, and says which ended it (a
@@ -232,39 +246,59 @@ func oneHolder(q *QuorumError) (expires time.Duration, ok bool) {
 	return expires, expires > 0
 }
 
-// watch registers an Acquire waiting for channels, starts the subscribers
-// if they are not running, and returns the releases seen so far on
-// channels.
-func (w *waker) watch(channels []string) (gen uint64) {
+// watch registers an Acquire waiting for channels; the first registration
+// of a channel starts or kicks every node's subscriber.
+func (w *waker) watch(channels []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	added := false
 	for _, ch := range channels {
 		kw := w.keys[ch]
 		if kw == nil {
-			kw = &keyWatch{notices: map[string]int{}}
+			kw = &keyWatch{confirmed: make([]bool, len(w.c.peers))}
 			w.keys[ch] = kw
+			added = true
 		}
 		kw.refs++
-		gen += kw.gen
 	}
-	if !w.started && !w.closed {
-		w.started = true
-		for i, p := range w.c.peers {
-			w.wg.Go(func() { w.subscribe(i, p) })
-		}
+	if added {
+		w.kickLocked()
 	}
-	return gen
 }
 
 // unwatch undoes watch.
 func (w *waker) unwatch(channels []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	removed := false
 	for _, ch := range channels {
 		if kw := w.keys[ch]; kw != nil {
 			if kw.refs--; kw.refs == 0 {
 				delete(w.keys, ch)
+				removed = true
 			}
+		}
+	}
+	if removed {
+		w.kickLocked()
+	}
+}
+
+// kickLocked tells every node's subscriber that the wanted channels
+// changed, starting those that are not running. w.mu is held.
+func (w *waker) kickLocked() {
+	for i, p := range w.c.peers {
+		if w.subs[i] == nil {
+			if len(w.keys) == 0 || w.done {
+				continue
+			}
+			s := &subscriber{kick: make(chan struct{}, 1), stop: make(chan struct{})}
+			w.subs[i] = s
+			w.wg.Go(func() { w.subscribe(p, s) })
+		}
+		select {
+		case w.subs[i].kick <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -272,13 +306,11 @@ func (w *waker) unwatch(channels []string) {
 // close stops every subscriber and waits for their goroutines.
 func (w *waker) close() {
 	w.mu.Lock()
-	if !w.closed {
-		w.closed = true
-		close(w.stop)
-		for _, ps := range w.subs {
-			if ps != nil {
-				_ = ps.Close()
-			}
+	w.done = true
+	for i, s := range w.subs {
+		if s != nil {
+			close(s.stop)
+			w.subs[i] = nil
 		}
 	}
 	w.mu.Unlock()
@@ -307,46 +339,118 @@ func (w *waker) released(lockKeys []string, id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, k := range lockKeys {
-		if kw := w.keys[k+releasedSuffix]; kw != nil && kw.notices[id] < w.c.quorum {
-			kw.notices[id] = w.c.quorum - 1 // a quorum at once, if the notices had not made one
-			kw.notice(id, w.c.quorum)
+		if kw := w.keys[k+releasedSuffix]; kw != nil {
+			kw.seen(id, -1, w.c)
 		}
 	}
 }
 
-// notice counts one node's notice of release id and, when that makes a
-// quorum, wakes the longest-sleeping Acquire; later copies count past the
-// quorum and wake nothing. w.mu is held.
-func (kw *keyWatch) notice(id string, quorum int) {
-	if _, ok := kw.notices[id]; !ok && len(kw.notices) >= maxNotices {
-		clear(kw.notices) // an old release's late copy may wake one more round: harmless
+// seen records that node i (-1: a quorum at once) released lock id, and
+// wakes the longest-sleeping Acquire when this makes a quorum. w.mu is
+// held.
+func (kw *keyWatch) seen(id string, i int, c *Client) {
+	var r *releaseSeen
+	for j := range kw.recent {
+		if kw.recent[j].id == id && kw.recent[j].nodes != nil {
+			r = &kw.recent[j]
+		}
 	}
-	kw.notices[id]++
-	if kw.notices[id] != quorum {
+	if r == nil {
+		r = &kw.recent[kw.next]
+		kw.next = (kw.next + 1) % len(kw.recent)
+		*r = releaseSeen{id: id, nodes: make([]bool, len(c.peers))}
+	}
+	for j := range r.nodes {
+		r.nodes[j] = r.nodes[j] || i < 0 || j == i
+	}
+	if r.fired || countTrue(r.nodes) < c.quorum {
 		return
 	}
+	r.fired = true
 	kw.gen++
-	if len(kw.sleepers) > 0 {
-		select { // 1-buffered: a waiter on several keys may be woken by each
-		case kw.sleepers[0] <- struct{}{}:
-		default:
-		}
+	kw.wakeOne()
+}
+
+// wakeOne wakes the longest-sleeping Acquire not woken yet. The waker's
+// mutex is held.
+func (kw *keyWatch) wakeOne() {
+	for len(kw.sleepers) > 0 {
+		s := kw.sleepers[0]
 		kw.sleepers = kw.sleepers[1:]
+		if !s.woken {
+			s.woken = true
+			s.wake <- struct{}{} // never blocks: 1-buffered, sent once
+			return
+		}
 	}
 }
 
-// subscribe subscribes to node i's release notices and delivers them until
-// the waker closes. All its I/O happens here, never in an Acquire.
-func (w *waker) subscribe(i int, p *peer) {
-	ps := p.rdb.PSubscribe(context.Background(), w.pattern)
-	w.mu.Lock()
-	closed := w.closed
-	w.subs[i] = ps
-	w.mu.Unlock()
-	if closed {
-		_ = ps.Close()
-		return
+// subscribe keeps p's subscriptions equal to the wanted channels until
+// none is wanted or the waker closes. A second goroutine receives; all I/O
+// happens in these two, never in an Acquire.
+func (w *waker) subscribe(p *peer, s *subscriber) {
+	var ps *redis.PubSub
+	received := make(chan struct{})
+	have := map[string]bool{}
+	ctx := context.Background()
+	for w.next(p, s) {
+		add, drop := w.diff(have)
+		switch {
+		case ps == nil && len(add) > 0:
+			ps = p.rdb.Subscribe(ctx, add...) // with a channel: a Ring needs one to pick a shard
+			w.wg.Go(func() { defer close(received); w.receive(p, ps, s.stop) })
+		case len(add) > 0:
+			_ = ps.Subscribe(ctx, add...) // on error, go-redis subscribes again on its next connection
+		}
+		if len(drop) > 0 && ps != nil {
+			_ = ps.Unsubscribe(ctx, drop...)
+		}
 	}
+	if ps != nil {
+		_ = ps.Close()
+		<-received
+	}
+}
+
+// next waits for a change of the wanted channels and reports whether s
+// goes on: false once the waker closes or no channel is wanted.
+func (w *waker) next(p *peer, s *subscriber) bool {
+	select {
+	case <-s.stop:
+		return false
+	case <-s.kick:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.keys) == 0 && w.subs[p.idx] == s {
+		w.subs[p.idx] = nil // a later watch starts a new subscriber
+	}
+	return len(w.keys) > 0
+}
+
+// diff returns the channels wanted but not in have and those in have no
+// longer wanted, and updates have.
+func (w *waker) diff(have map[string]bool) (add, drop []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.keys {
+		if !have[ch] {
+			add = append(add, ch)
+			have[ch] = true
+		}
+	}
+	for ch := range have {
+		if w.keys[ch] == nil {
+			drop = append(drop, ch)
+			delete(have, ch)
+		}
+	}
+	return add, drop
+}
+
+// receive delivers p's release notices and subscription confirmations
+// until ps is closed.
+func (w *waker) receive(p *peer, ps *redis.PubSub, stop <-chan struct{}) {
 	pause := wakeRetry
 	for {
 		msg, err := ps.Receive(context.Background())
@@ -355,12 +459,10 @@ func (w *waker) subscribe(i int, p *peer) {
 		}
 		if err != nil {
 			w.c.log.Debug("redlock: release notices: receive failed; retrying", "node", p.addr, "err", err)
-			w.mu.Lock()
-			w.ready[i] = false // go-redis subscribes again on its next connection
-			w.mu.Unlock()
+			w.unconfirm(p.idx) // go-redis subscribes again on its new connection
 			t := time.NewTimer(pause)
 			select {
-			case <-w.stop:
+			case <-stop:
 			case <-t.C:
 			}
 			t.Stop()
@@ -372,11 +474,32 @@ func (w *waker) subscribe(i int, p *peer) {
 		switch m := msg.(type) {
 		case *redis.Message:
 			if kw := w.keys[m.Channel]; kw != nil {
-				kw.notice(m.Payload, w.c.quorum)
+				kw.seen(m.Payload, p.idx, w.c)
 			}
 		case *redis.Subscription:
-			w.ready[i] = m.Kind == "psubscribe"
+			if kw := w.keys[m.Channel]; kw != nil {
+				kw.confirmed[p.idx] = m.Kind == "subscribe"
+			}
 		}
 		w.mu.Unlock()
 	}
+}
+
+// unconfirm forgets node i's subscriptions: its connection failed.
+func (w *waker) unconfirm(i int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, kw := range w.keys {
+		kw.confirmed[i] = false
+	}
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
