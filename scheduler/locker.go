@@ -194,11 +194,12 @@ func (l *Locker) every(job string) time.Duration {
 }
 
 // lockTimeout is the bound of one Lock of job: the lock timeout, at most
-// half the job's tick spacing. gocron computes a job's next run only after
-// Lock returns, so a Lock that outlasted the spacing made it skip the next
-// tick without calling Lock, and that skip was never reported.
+// three quarters of the job's tick spacing. gocron computes a job's next
+// run only after Lock returns, so a Lock that outlasted the spacing made it
+// skip the next tick without calling Lock, and that skip was never
+// reported; the last quarter is the margin for gocron's own delays.
 func (l *Locker) lockTimeout(job string) time.Duration {
-	return min(l.cfg.lockTimeout, l.every(job)/2)
+	return min(l.cfg.lockTimeout, l.every(job)*3/4)
 }
 
 // Lock implements gocron.Locker. key is the job's name. It decides without
@@ -566,10 +567,13 @@ func (e *tickError) Unwrap() []error {
 }
 
 // tickTTL is how long a tick record lives: twice the clock tolerance (at
-// least 100 ms) plus the start delay's bound (WithLockJitter), which
-// separates the instances' rounds on top of their clock difference.
+// least 100 ms) plus the lock timeout. The instances' Locks of one tick
+// start within the tolerance of each other and each takes its rounds
+// (start delay and retries) within its lock timeout, so the record
+// outlives every round of its tick, and no round after the winner's run
+// ended finds the tick free.
 func (l *Locker) tickTTL() time.Duration {
-	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.cfg.jitter
+	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.cfg.lockTimeout
 }
 
 // RunContext returns the context of the run that ctx belongs to: pass the

@@ -93,10 +93,10 @@ func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.tt
 // WithClockTolerance sets the largest difference between any two
 // instances' clocks (as seen by their gocron schedulers) for which each tick
 // still runs exactly once: the record of a tick is kept for twice this long
-// plus the lock jitter (WithLockJitter).
+// plus the lock timeout (WithLockTimeout).
 // Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
 // values of a day or more. Zero keeps the record for the minimum of 100 ms
-// (plus the jitter).
+// (plus the lock timeout).
 func WithClockTolerance(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.tolerance = d }
 }
@@ -119,10 +119,11 @@ func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.pre
 // its quorum rounds (each waits for a node up to half the lock timeout, at
 // least the redlock Client's node timeout) and the retries of rounds that
 // nodes did not answer or that split the votes. A busy job is never waited for: it is a
-// skip. A Lock is bounded by half the job's tick spacing too (the tick
-// resolution, or a duration job's interval): gocron computes the next run
-// after Lock returns, and a longer Lock would make it skip a tick without
-// a report. Default DefaultLockTimeout (1 s); NewLocker rejects values
+// skip. A Lock is bounded by three quarters of the job's tick spacing too
+// (the tick resolution, or a duration job's interval): gocron computes the
+// next run after Lock returns, and a longer Lock would make it skip a tick
+// without a report. Tick records live this much longer than twice the
+// clock tolerance. Default DefaultLockTimeout (1 s); NewLocker rejects values
 // <= 0.
 func WithLockTimeout(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.lockTimeout = d }
@@ -138,9 +139,9 @@ func WithLockTimeout(d time.Duration) LockerOption {
 // about half of all ticks); and a fleet of many jobs firing at once
 // reaches Redis as one burst (docs/benchmarks.md, "Scheduler scale"). A
 // job starts up to that much later. The delay is also bounded by a
-// quarter of the job's tick spacing and half its lock timeout; tick
-// records live that much longer than twice the clock tolerance, so it does
-// not eat into it. Default DefaultLockJitter (250 ms); 0 turns it off;
+// quarter of the job's tick spacing and half its lock timeout, of which it
+// is part (tick records outlive the lock timeout, so it does not eat into
+// the clock tolerance). Default DefaultLockJitter (250 ms); 0 turns it off;
 // NewLocker rejects negative values.
 func WithLockJitter(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.jitter = d }
