@@ -194,13 +194,18 @@ func (l *Locker) every(job string) time.Duration {
 }
 
 // lockTimeout is the bound of one Lock of job: the lock timeout, at most
-// three quarters of the job's tick spacing. gocron computes a job's next
-// run only after Lock returns, so a Lock that outlasted the spacing made it
-// skip the next tick without calling Lock, and that skip was never
-// reported; the last quarter is the margin for gocron's own delays.
+// the job's tick spacing less lockMargin, or half the spacing where that
+// is longer (750 ms for per-second jobs, 50 ms for 100 ms ones). gocron
+// computes a job's next run only after Lock returns, so a Lock that
+// outlasted the spacing made it skip the next tick without calling Lock,
+// and that skip was never reported; the margin covers gocron's own delays.
 func (l *Locker) lockTimeout(job string) time.Duration {
-	return min(l.cfg.lockTimeout, l.every(job)*3/4)
+	every := l.every(job)
+	return min(l.cfg.lockTimeout, max(every/2, every-lockMargin))
 }
+
+// lockMargin is what a Lock leaves of its job's tick spacing (lockTimeout).
+const lockMargin = 250 * time.Millisecond
 
 // Lock implements gocron.Locker. key is the job's name. It decides without
 // waiting for a busy job, in one quorum round: the run lock of the job,

@@ -119,10 +119,11 @@ func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.pre
 // its quorum rounds (each waits for a node up to half the lock timeout, at
 // least the redlock Client's node timeout) and the retries of rounds that
 // nodes did not answer or that split the votes. A busy job is never waited for: it is a
-// skip. A Lock is bounded by three quarters of the job's tick spacing too
-// (the tick resolution, or a duration job's interval): gocron computes the
-// next run after Lock returns, and a longer Lock would make it skip a tick
-// without a report. Tick records live this much longer than twice the
+// skip. A Lock is bounded by the job's tick spacing less 250 ms too, or by
+// half the spacing where that is longer (the spacing is the tick
+// resolution, or a duration job's interval): gocron computes the next run
+// after Lock returns, and a longer Lock would make it skip a tick without
+// a report. Tick records live this much longer than twice the
 // clock tolerance. Default DefaultLockTimeout (1 s); NewLocker rejects values
 // <= 0.
 func WithLockTimeout(d time.Duration) LockerOption {
