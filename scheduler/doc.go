@@ -46,7 +46,8 @@
 //     (WithTTL, default 10 s) and released by Unlock: no other instance
 //     starts the job while a long run goes on;
 //   - with it, a tick record (redlock.WithRecord), kept for twice the clock
-//     tolerance (WithClockTolerance, default 1 s) and never released: an
+//     tolerance (WithClockTolerance, default 1 s) plus the job's Lock bound
+//     (WithLockTimeout) and never released: an
 //     instance whose clock lags, or whose timer fires late, finds the tick
 //     taken. Releasing the lock at the end of the run, as most lockers do,
 //     lets such an instance run the same tick again when the job is fast

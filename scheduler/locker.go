@@ -337,7 +337,7 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 		// of instances that find the record.
 		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce
 		lk, err := l.client.TryAcquire(lctx, resources, l.cfg.ttl, redlock.WithMetadata(md),
-			redlock.WithRecord(record, l.tickTTL()), redlock.WithNodeTimeout(nodeTimeout))
+			redlock.WithRecord(record, l.tickTTL(job)), redlock.WithNodeTimeout(nodeTimeout))
 		var qerr *redlock.QuorumError
 		isQuorum := errors.As(err, &qerr)
 		switch {
@@ -571,14 +571,15 @@ func (e *tickError) Unwrap() []error {
 	return []error{e.err}
 }
 
-// tickTTL is how long a tick record lives: twice the clock tolerance (at
-// least 100 ms) plus the lock timeout. The instances' Locks of one tick
-// start within the tolerance of each other and each takes its rounds
-// (start delay and retries) within its lock timeout, so the record
-// outlives every round of its tick, and no round after the winner's run
-// ended finds the tick free.
-func (l *Locker) tickTTL() time.Duration {
-	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.cfg.lockTimeout
+// tickTTL is how long a record of a tick of job lives: twice the clock
+// tolerance (at least 100 ms) plus the job's Lock bound (lockTimeout). The
+// instances' Locks of one tick start within the tolerance of each other and
+// each takes its rounds (start delay and retries) within that bound, so the
+// record outlives every round of its tick, and no round after the winner's
+// run ended finds the tick free. This holds for instances that share their
+// clock tolerance, lock timeout and tick resolution.
+func (l *Locker) tickTTL(job string) time.Duration {
+	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.lockTimeout(job)
 }
 
 // RunContext returns the context of the run that ctx belongs to: pass the

@@ -93,10 +93,11 @@ func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.tt
 // WithClockTolerance sets the largest difference between any two
 // instances' clocks (as seen by their gocron schedulers) for which each tick
 // still runs exactly once: the record of a tick is kept for twice this long
-// plus the lock timeout (WithLockTimeout).
+// plus the job's Lock bound (WithLockTimeout). Every instance must use the
+// same tolerance, lock timeout and tick resolution.
 // Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
 // values of a day or more. Zero keeps the record for the minimum of 100 ms
-// (plus the lock timeout).
+// (plus the job's Lock bound).
 func WithClockTolerance(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.tolerance = d }
 }
@@ -116,16 +117,16 @@ func WithTickResolution(d time.Duration) LockerOption {
 func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.prefix = p } }
 
 // WithLockTimeout bounds one Lock call: its start delay (WithLockJitter),
-// its quorum rounds (each waits for a node up to half the lock timeout, at
-// least the redlock Client's node timeout) and the retries of rounds that
-// nodes did not answer or that split the votes. A busy job is never waited for: it is a
-// skip. A Lock is bounded by the job's tick spacing less 250 ms too, or by
-// half the spacing where that is longer (the spacing is the tick
-// resolution, or a duration job's interval): gocron computes the next run
-// after Lock returns, and a longer Lock would make it skip a tick without
-// a report. Tick records live this much longer than twice the
-// clock tolerance. Default DefaultLockTimeout (1 s); NewLocker rejects values
-// <= 0.
+// its quorum rounds (each waits for a node up to half the bound, at least
+// the redlock Client's node timeout) and the retries of rounds that nodes
+// did not answer or that split the votes. A busy job is never waited for:
+// it is a skip. A Lock is bounded by the job's tick spacing less 250 ms
+// too, or by half the spacing where that is longer (the spacing is the
+// tick resolution, or a duration job's interval): gocron computes the next
+// run after Lock returns, and a longer Lock would make it skip a tick
+// without a report. Tick records live this bound longer than twice the
+// clock tolerance; every instance must use the same lock timeout. Default
+// DefaultLockTimeout (1 s); NewLocker rejects values <= 0.
 func WithLockTimeout(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.lockTimeout = d }
 }

@@ -96,7 +96,7 @@ func (l *Locker) checkClock(ctx context.Context, job string, r redlock.NodeResul
 	// The writer read its clock before its script ran, this instance reads
 	// it after its reply: the reading is low by up to about a round trip
 	// on each side, taken as this round's latency to the node.
-	age := l.tickTTL() - r.HolderTTL
+	age := l.tickTTL(job) - r.HolderTTL
 	offset := written.Add(age).Sub(l.cfg.clock.Now()) + r.Latency // > 0: the writer's clock is ahead
 	abs := max(offset, -offset)
 	if l.warnings.offset.Enabled(ctx) {
