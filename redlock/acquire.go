@@ -190,9 +190,10 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, waiting bool) *Quo
 }
 
 // nextAttempt starts an attempt: its value (a new owner token, or the
-// reentrant owner's with a new acquisition ID) becomes the Lock's. Every
-// attempt has its own value, so that the undo or cleanup of one attempt
-// never deletes what a later attempt set.
+// reentrant owner's token, which repeats, with a new acquisition ID)
+// becomes the Lock's. Every attempt has its own owner token or acquisition
+// ID, so that the undo or cleanup of one attempt never deletes what a
+// later attempt set (a reentrant undo removes its own hold only).
 func (l *Lock) nextAttempt() (value, aid string) {
 	token := l.token
 	if token == "" {
