@@ -338,15 +338,7 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	got := acquireAndRelease(wctx, waiter, "r")
-	waitFor(t, "the wait mark on every node", func() bool {
-		for _, rdb := range nodes {
-			v, err := rdb.Get(ctx, "r").Result()
-			if err != nil || len(v) <= 32 || (v[32] != '_' && v[32] != 't') {
-				return false
-			}
-		}
-		return true
-	})
+	waitMarked(t, nodes, "r")
 	if md, ok, err := holder.HolderMetadata(ctx, "r"); err != nil || !ok || md != "" {
 		t.Errorf("Holder() of a marked lock = %q, %v, %v; want \"\", true, nil", md, ok, err)
 	}
