@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -462,5 +463,44 @@ func TestCallsAfterCloseAreErrClosed(t *testing.T) {
 		if !errors.Is(err, redlock.ErrClosed) || errors.Is(err, redlock.ErrUnavailable) {
 			t.Errorf("%s after Close = %v; want ErrClosed, not ErrUnavailable", name, err)
 		}
+	}
+}
+
+// TestCloseWithFrozenNodeEndsWithinReadTimeout: a release still going out
+// to a frozen node when Close's ctx ends keeps Close waiting for its read
+// at most the go-redis read timeout. go-redis retried the timed-out call
+// (MaxRetries) on a context that Close had not ended: Close took 2 read
+// timeouts, more than Close's doc allows.
+func TestCloseWithFrozenNodeEndsWithinReadTimeout(t *testing.T) {
+	verifyNoLeaks(t)
+	const readTimeout = 2 * time.Second
+	cl := redlocktest.Start(t, 3)
+	nodes := make([]redis.UniversalClient, len(cl))
+	for i, s := range cl {
+		nodes[i] = ctxTimeoutClient(t, s, readTimeout)
+	}
+	c, err := redlock.New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	start := time.Now()
+	if err := l.Release(ctx); err != nil { // a quorum answers; node 2's call waits for its read
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := c.Close(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close = %v; want the ctx's DeadlineExceeded (the release to node 2 was cancelled)", err)
+	}
+	if took := time.Since(start); took > readTimeout*3/2 {
+		t.Errorf("Close returned %v after the release; want within the %v read timeout (no retry)", took, readTimeout)
 	}
 }

@@ -252,11 +252,15 @@ func (n *Node) send(batch []*Call) {
 	}
 }
 
-// sendOne sends c alone with its own ctx (values and all).
+// sendOne sends c alone with its own ctx (values and all), ended also
+// when Close gives up, so that go-redis does not retry it then.
 func (n *Node) sendOne(c *Call) *redis.Cmd {
-	cmd := n.rdb.Do(c.Ctx, n.command(c)...)
+	ctx, cancel := context.WithCancel(c.Ctx)
+	defer cancel()
+	defer context.AfterFunc(n.base, cancel)()
+	cmd := n.rdb.Do(ctx, n.command(c)...)
 	if c.Script != nil && n.learn(c, cmd) {
-		cmd = n.rdb.Do(c.Ctx, c.Script.eval(c.Args)...)
+		cmd = n.rdb.Do(ctx, c.Script.eval(c.Args)...)
 		n.learn(c, cmd)
 	}
 	return cmd
