@@ -338,6 +338,9 @@ func (w *waker) released(lockKeys []string, id string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if len(w.keys) == 0 {
+		return // no Acquire of this Client waits
+	}
 	for _, k := range lockKeys {
 		if kw := w.keys[k+releasedSuffix]; kw != nil {
 			kw.seen(id, -1, w.c)
