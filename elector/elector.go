@@ -171,8 +171,9 @@ type Elector struct {
 
 // New returns an Elector for the election name. It performs no I/O. Errors
 // match redlock.ErrInvalidArgument and name the bad values: a nil client,
-// an empty name, an empty or oversized identity, a TTL below 30 ms, a renew
-// interval not in (0, TTL/2], a retry period not in (0, TTL).
+// an empty name, an empty or oversized identity, a TTL below 30 ms or one
+// that the Client rejects (redlock.Client.CheckTTL: e.g. above its restart
+// gate), a renew interval not in (0, TTL/2], a retry period not in (0, TTL).
 func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) {
 	cfg := config{ttl: DefaultLeaseTTL, retry: DefaultRetryPeriod, prefix: DefaultKeyPrefix}
 	for i, o := range opts {
@@ -203,6 +204,9 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 			cfg.renew, cfg.ttl/2)
 	case cfg.retry <= 0 || cfg.retry >= cfg.ttl:
 		return nil, invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
+	}
+	if err := client.CheckTTL(cfg.ttl); err != nil {
+		return nil, &textError{msg: fmt.Sprintf("elector: lease TTL %v (WithLeaseTTL) is not one the Client accepts: %v", cfg.ttl, err), errs: []error{err}}
 	}
 	if !cfg.identitySet {
 		cfg.identity = tracing.DefaultIdentity()

@@ -40,6 +40,10 @@ func TestNewErrorTexts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close(context.Background()) })
+	gated, err := redlock.New([]redis.UniversalClient{rdb}, redlock.WithRestartGating(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name   string
 		client *redlock.Client
@@ -62,6 +66,9 @@ func TestNewErrorTexts(t *testing.T) {
 			"elector: invalid argument: retry period 1s (WithRetryPeriod) must be above 0 and below the lease TTL 1s"},
 		{"nil option", client, "x", []elector.Option{elector.WithIdentity("a"), nil},
 			"elector: invalid argument: option 2 of 2 is nil"},
+		{"lease above the restart gate", gated, "x", nil,
+			"elector: lease TTL 10s (WithLeaseTTL) is not one the Client accepts: " +
+				"redlock: invalid argument: TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -232,17 +232,22 @@ func (c *Client) validity(start time.Time, ttl time.Duration) time.Duration {
 	return ttl - time.Since(start) - c.drift(ttl)
 }
 
-// checkTTL rejects TTLs that cannot be sent in milliseconds, can never
-// leave enough validity, or exceed the restart gate: every limit of
-// Acquire, applied to Extend too.
-func (c *Client) checkTTL(ttl time.Duration) error {
+// CheckTTL returns the error that Acquire, TryAcquire, Do and Extend of
+// this Client return for ttl before any I/O, or nil: a TTL below 1 ms,
+// one that leaves no more than the minimum validity (WithMinValidity)
+// after the clock drift allowance, or one above the restart gate
+// (WithRestartGating). The error matches ErrInvalidArgument and names the
+// limit. Packages built on a Client (scheduler, elector) call it when they
+// are configured, so that a TTL every call would reject is reported once.
+// No I/O; safe for concurrent use.
+func (c *Client) CheckTTL(ttl time.Duration) error {
 	if p := c.ttlProblem(ttl); p != "" {
 		return invalidf("%s", p)
 	}
 	return nil
 }
 
-// ttlProblem says what is wrong with ttl for checkTTL, or "".
+// ttlProblem says what is wrong with ttl for CheckTTL, or "".
 func (c *Client) ttlProblem(ttl time.Duration) string {
 	switch {
 	case ttl < time.Millisecond:

@@ -7,7 +7,7 @@ package redlock
 // lost its data, so it may have granted locks it no longer remembers: the
 // acquire script then stores the time and refuses to vote (OutcomeGated)
 // until maxTTL has passed since, by which time every such lock has expired.
-// Every TTL of a gated Client is at most maxTTL (checkTTL), for Extend too.
+// Every TTL of a gated Client is at most maxTTL (CheckTTL), for Extend too.
 // The marker of releases before 0.2 ("<prefix>redlock:restart-gate") is
 // copied once, so that an upgrade does not gate every node again.
 

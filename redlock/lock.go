@@ -70,7 +70,7 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := c.checkTTL(ttl); err != nil {
+	if err := c.CheckTTL(ttl); err != nil {
 		return nil, err
 	}
 	if err := c.checkResources(resources); err != nil {
@@ -275,7 +275,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanExtend, l.resources, ttl)
 	defer func() { c.tel.endExtend(ctx, span, err) }()
-	if err := c.checkTTL(ttl); err != nil {
+	if err := c.CheckTTL(ttl); err != nil {
 		return err
 	}
 	if c.closed.Load() {

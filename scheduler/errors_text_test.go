@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/scheduler"
@@ -70,6 +71,30 @@ func TestLockerOptionTexts(t *testing.T) {
 	}
 	_, err := scheduler.New(c, nil)
 	checkText(t, "New with a nil Option", err, "scheduler: invalid argument: option 1 of 1 is nil", redlock.ErrInvalidArgument)
+}
+
+// TestLockerRejectsTTLsAboveTheRestartGate: a Client whose restart gate
+// is shorter than the run lock's TTL or a tick record's lifetime refused
+// every Lock at run time; NewLocker now says so.
+func TestLockerRejectsTTLsAboveTheRestartGate(t *testing.T) {
+	gated := func(gate time.Duration) *redlock.Client {
+		rdb := redis.NewClient(&redis.Options{Addr: "localhost:1"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		c, err := redlock.New([]redis.UniversalClient{rdb}, redlock.WithRestartGating(gate))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	_, err := scheduler.NewLocker(gated(5 * time.Second))
+	checkText(t, "NewLocker, gate 5s", err, "scheduler: run lock TTL 10s (WithTTL) is not one the Client accepts: "+
+		"redlock: invalid argument: TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)", redlock.ErrInvalidArgument)
+	_, err = scheduler.NewLocker(gated(2*time.Second), scheduler.WithTTL(2*time.Second))
+	checkText(t, "NewLocker, gate 2s, TTL 2s", err, "scheduler: tick records live up to 3s (2 x clock tolerance + lock timeout), a TTL the Client does not accept: "+
+		"redlock: invalid argument: TTL 3s is above the restart gate's maximum TTL 2s (WithRestartGating)", redlock.ErrInvalidArgument)
+	if _, err := scheduler.NewLocker(gated(3*time.Second), scheduler.WithTTL(3*time.Second)); err != nil {
+		t.Errorf("NewLocker with a gate covering the run lock and tick records: %v", err)
+	}
 }
 
 func TestLockErrorTexts(t *testing.T) {

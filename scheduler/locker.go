@@ -63,7 +63,10 @@ type resolution struct{ every time.Duration }
 // NewLocker returns a Locker that takes its locks through client. It
 // performs no I/O and starts nothing. Errors match redlock.ErrInvalidArgument
 // and name the bad value: a nil client, a TTL below 10 ms, a negative clock
-// tolerance, a tick resolution below 1 ms, a lock timeout <= 0.
+// tolerance, a tick resolution below 1 ms, a lock timeout <= 0, and a run
+// lock TTL or tick-record lifetime (at most 2 x clock tolerance + lock
+// timeout) that the Client rejects (redlock.Client.CheckTTL: e.g. above
+// its restart gate).
 func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	cfg := lockerConfig{
 		ttl:         DefaultTTL,
@@ -96,6 +99,13 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, invalidf("instance ID (WithInstanceID) is empty")
 	case len(cfg.instance) > maxInstance:
 		return nil, invalidf("instance ID (WithInstanceID) is %d bytes, more than the maximum %d", len(cfg.instance), maxInstance)
+	}
+	if err := client.CheckTTL(cfg.ttl); err != nil {
+		return nil, &textError{msg: fmt.Sprintf("scheduler: run lock TTL %v (WithTTL) is not one the Client accepts: %v", cfg.ttl, err), errs: []error{err}}
+	}
+	if err := client.CheckTTL(cfg.maxTickTTL()); err != nil {
+		return nil, &textError{msg: fmt.Sprintf("scheduler: tick records live up to %v (2 x clock tolerance + lock timeout), a TTL the Client does not accept: %v",
+			cfg.maxTickTTL(), err), errs: []error{err}}
 	}
 	if !cfg.instanceSet {
 		cfg.instance = tracing.DefaultIdentity()
@@ -580,6 +590,12 @@ func (e *tickError) Unwrap() []error {
 // clock tolerance, lock timeout and tick resolution.
 func (l *Locker) tickTTL(job string) time.Duration {
 	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.lockTimeout(job)
+}
+
+// maxTickTTL bounds tickTTL for every job: a job's Lock bound is at most
+// the lock timeout.
+func (cfg lockerConfig) maxTickTTL() time.Duration {
+	return max(2*cfg.tolerance, 100*time.Millisecond) + cfg.lockTimeout
 }
 
 // RunContext returns the context of the run that ctx belongs to: pass the
