@@ -343,9 +343,12 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 	unavailable := 0
 	var last error // of the last round that lctx did not cut short
 	for {
-		// The metadata is this instance and its clock, for the clock check
-		// of instances that find the record.
+		// The metadata is this instance, its clock and the record's TTL,
+		// for the checks of instances that find the record (checkRecord).
 		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce
+		if ttl := nonceSep + strconv.FormatInt(l.tickTTL(job).Milliseconds(), 10); len(md)+len(ttl) <= redlock.MaxMetadata {
+			md += ttl
+		}
 		lk, err := l.client.TryAcquire(lctx, resources, l.cfg.ttl, redlock.WithMetadata(md),
 			redlock.WithRecord(record, l.tickTTL(job)), redlock.WithNodeTimeout(nodeTimeout))
 		var qerr *redlock.QuorumError
@@ -396,12 +399,12 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 // nodes, with the round's qerr; it checks the clocks against the record
 // and the holder's instance ID against this Locker's.
 func (l *Locker) refused(ctx context.Context, job string, tick time.Time, record, holder string, qerr *redlock.QuorumError) error {
-	instance, _, nonce := splitHolder(holder)
+	instance, _, nonce, _ := splitHolder(holder)
 	e := &tickError{kind: tickHeld, job: job, tick: tick, err: qerr, holder: instance, what: "run"}
 	for _, r := range qerr.Nodes {
 		if r.Outcome == redlock.OutcomeHeld && r.Resource == record {
 			e.what = "tick"
-			l.checkClock(ctx, job, r)
+			l.checkRecord(ctx, job, r)
 			break
 		}
 	}
@@ -438,26 +441,32 @@ const (
 const tickFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // The metadata of a run lock and its tick record is
-// "<instance>@<clock in Unix ms>/<the Locker's nonce>".
+// "<instance>@<clock in Unix ms>/<the Locker's nonce>/<record TTL in ms>";
+// earlier releases wrote it without the TTL, or the instance ID alone.
 const (
 	clockSep = "@"
 	nonceSep = "/"
 )
 
 // splitHolder splits the metadata of a run lock or tick record into the
-// instance ID, its clock reading and the writing Locker's nonce; nonce is
-// "" for metadata of an earlier release (the instance ID alone).
-func splitHolder(md string) (instance string, clock time.Time, nonce string) {
+// instance ID, its clock reading, the writing Locker's nonce and the
+// record's TTL; nonce is "" for metadata of the instance ID alone, and
+// ttl 0 for metadata without it.
+func splitHolder(md string) (instance string, clock time.Time, nonce string, ttl time.Duration) {
 	i := strings.LastIndex(md, clockSep)
 	if i < 0 {
-		return md, time.Time{}, ""
+		return md, time.Time{}, "", 0
 	}
-	at, nonce, ok := strings.Cut(md[i+1:], nonceSep)
+	at, rest, ok := strings.Cut(md[i+1:], nonceSep)
 	ms, err := strconv.ParseInt(at, 10, 64)
-	if !ok || err != nil || nonce == "" {
-		return md, time.Time{}, ""
+	if !ok || err != nil || rest == "" {
+		return md, time.Time{}, "", 0
 	}
-	return md[:i], time.UnixMilli(ms), nonce
+	nonce, ttlText, _ := strings.Cut(rest, nonceSep)
+	if n, err := strconv.ParseInt(ttlText, 10, 64); err == nil && n > 0 {
+		ttl = time.Duration(n) * time.Millisecond
+	}
+	return md[:i], time.UnixMilli(ms), nonce, ttl
 }
 
 // skipped ends the run span of a tick that does not run here.
@@ -504,7 +513,7 @@ func recordHolder(span trace.Span, err error) {
 		return
 	}
 	if md, ok := q.HolderMetadata(); ok {
-		instance, _, _ := splitHolder(md) // without its clock reading and nonce
+		instance, _, _, _ := splitHolder(md) // without its clock reading, nonce and TTL
 		span.SetAttributes(tracing.Holder.String(instance))
 	}
 }

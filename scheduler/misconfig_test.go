@@ -206,6 +206,39 @@ func TestClockSkewBeyondToleranceIsWarned(t *testing.T) {
 	if offset < skew-100*time.Millisecond || offset > skew+100*time.Millisecond {
 		t.Errorf("warned offset %v, want about %v", offset, skew)
 	}
+	if w := logs.warnings("settings_mismatch"); len(w) != 0 {
+		t.Errorf("settings_mismatch warned for instances with the same settings: %v", w)
+	}
+}
+
+// TestDifferentSettingsAreWarned: instances with different lock timeouts
+// keep their tick records for different times, so that a late round of
+// one can find a tick free after the other's run (docs/scheduling.md
+// requires them to share their settings). This went undetected; now the
+// instance that finds the other's record warns settings_mismatch with
+// both lifetimes, and the clock check reads the record's age from its
+// own TTL, so the difference does not read as clock skew.
+func TestDifferentSettingsAreWarned(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	rec := &recorder{}
+	logs := &logRecorder{}
+	// Per-second job, default tolerance 1 s: records live 2 s + the Lock
+	// bound, min(lock timeout, 750 ms).
+	lifetimes := map[time.Duration]bool{2750 * time.Millisecond: true, 2400 * time.Millisecond: true}
+	for i, lockTimeout := range []time.Duration{time.Second, 400 * time.Millisecond} {
+		startInstance(t, cl, rec, instanceSpec{id: i, def: gocron.CronJob("* * * * * *", true), jobTime: time.Millisecond,
+			opts: []scheduler.LockerOption{scheduler.WithLockTimeout(lockTimeout), scheduler.WithLogger(slog.New(logs))}})
+	}
+	waitFor(t, 10*time.Second, func() bool { return len(logs.warnings("settings_mismatch")) > 0 })
+	w := logs.warnings("settings_mismatch")[0]
+	theirs, ours := w["theirs"].Duration(), w["ours"].Duration()
+	if theirs == ours || !lifetimes[theirs] || !lifetimes[ours] {
+		t.Errorf("settings_mismatch warned theirs=%v ours=%v; want 2.75s and 2.4s", theirs, ours)
+	}
+	if w := logs.warnings("clock_skew"); len(w) != 0 {
+		t.Errorf("clock_skew warned for instances on one clock: %v", w)
+	}
 }
 
 // TestOneRoundPerTick: the run lock and the tick record are taken in one

@@ -27,6 +27,10 @@ const (
 	// warnClockSkew: the instance that took a tick had a clock further from
 	// this one's than the clock tolerance.
 	warnClockSkew = "clock_skew"
+	// warnSettingsMismatch: the instance that took a tick keeps its tick
+	// records for another time than this one: the instances differ in
+	// clock tolerance, lock timeout, tick resolution or the job's schedule.
+	warnSettingsMismatch = "settings_mismatch"
 )
 
 // warnEvery is how often one kind of warning is logged for one job.
@@ -81,22 +85,35 @@ func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
 	}
 }
 
-// checkClock measures, from the tick record that refused a Lock (r), how
-// far the clock of the instance that wrote it is from this one's: the
-// writer stored its clock reading in the record's metadata, and the record
-// has aged tickTTL - r.HolderTTL since (by the node's clock, which both
-// share). A difference beyond the clock tolerance is a warning: an
-// instance whose clock differs by more than twice the tolerance no longer
-// finds the record and runs the tick again.
-func (l *Locker) checkClock(ctx context.Context, job string, r redlock.NodeResult) {
-	_, written, nonce := splitHolder(r.Holder)
+// checkRecord checks the tick record that refused a Lock (r) against this
+// Locker. A record kept for another time than this Locker's is a warning:
+// the instances do not share their settings, and one whose records are
+// shorter can let a late round of the other find the tick free. Then it
+// measures how far the clock of the instance that wrote the record is
+// from this one's: the writer stored its clock reading and the record's
+// TTL in the record's metadata, and the record has aged TTL -
+// r.HolderTTL since (by the node's clock, which both share). A difference
+// beyond the clock tolerance is a warning: an instance whose clock
+// differs by more than twice the tolerance no longer finds the record and
+// runs the tick again.
+func (l *Locker) checkRecord(ctx context.Context, job string, r redlock.NodeResult) {
+	_, written, nonce, ttl := splitHolder(r.Holder)
 	if nonce == "" || r.HolderTTL <= 0 {
 		return // written by an earlier release: no clock reading
+	}
+	ours := l.tickTTL(job).Truncate(time.Millisecond)
+	switch {
+	case ttl == 0: // written by an earlier release: no TTL
+		ttl = ours
+	case ttl != ours:
+		l.warn(ctx, warnSettingsMismatch, job, "scheduler: another instance keeps this job's tick records for another time than this one; "+
+			"instances must share WithClockTolerance, WithLockTimeout, WithTickResolution and the job's schedule, or a tick can run twice",
+			"theirs", ttl, "ours", ours)
 	}
 	// The writer read its clock before its script ran, this instance reads
 	// it after its reply: the reading is low by up to about a round trip
 	// on each side, taken as this round's latency to the node.
-	age := l.tickTTL(job) - r.HolderTTL
+	age := ttl - r.HolderTTL
 	offset := written.Add(age).Sub(l.cfg.clock.Now()) + r.Latency // > 0: the writer's clock is ahead
 	abs := max(offset, -offset)
 	if l.warnings.offset.Enabled(ctx) {

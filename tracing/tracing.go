@@ -155,7 +155,8 @@ const (
 	Tick     = attribute.Key("schedlock.tick") // RFC 3339 with ms
 	Instance = attribute.Key("schedlock.instance")
 	// Warning is the kind of a misconfiguration the scheduler detected
-	// (MetricWarnings): unstable_name, duplicate_instance, clock_skew.
+	// (MetricWarnings): unstable_name, duplicate_instance, clock_skew,
+	// settings_mismatch.
 	Warning  = attribute.Key("schedlock.warning")
 	Election = attribute.Key("schedlock.election")
 	Identity = attribute.Key("schedlock.identity")
