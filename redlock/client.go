@@ -320,13 +320,7 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 		}
 		best = max(best, votes[v])
 	}
-	failed := 0
-	for _, r := range rs {
-		if r.failed() {
-			failed++
-		}
-	}
-	if best+failed >= c.quorum {
+	if best+failures(rs) >= c.quorum {
 		return "", false, newQuorumError("holder", []string{resource}, c.quorum, rs, true)
 	}
 	return "", false, nil

@@ -224,17 +224,11 @@ type QuorumError struct {
 // impossible, or always with unknown (failed nodes left the outcome
 // unknown). The results are copied.
 func newQuorumError(op string, resources []string, quorum int, rs []NodeResult, unknown bool, sentinels ...error) *QuorumError {
-	failed, closed := 0, false
-	for _, r := range rs {
-		if r.failed() {
-			failed++
-		}
-		closed = closed || r.Err == ErrClosed
-	}
+	closed := slices.ContainsFunc(rs, func(r NodeResult) bool { return r.Err == ErrClosed })
 	switch {
 	case closed: // Close refused the calls: not the nodes' failure
 		sentinels = append(sentinels, ErrClosed)
-	case unknown || failed > len(rs)-quorum:
+	case unknown || failures(rs) > len(rs)-quorum:
 		sentinels = append(sentinels, ErrUnavailable)
 	}
 	nodes := slices.Clone(rs)
@@ -434,6 +428,18 @@ func count(rs []NodeResult, o Outcome) int {
 	n := 0
 	for _, r := range rs {
 		if r.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// failures returns the number of results that count as failures of their
+// nodes.
+func failures(rs []NodeResult) int {
+	n := 0
+	for _, r := range rs {
+		if r.failed() {
 			n++
 		}
 	}

@@ -347,18 +347,6 @@ func roundOutcome(op string, rs []NodeResult, quorum int) string {
 	return tracing.OutcomeContended
 }
 
-// failures returns the number of results that count as failures of their
-// nodes.
-func failures(rs []NodeResult) int {
-	n := 0
-	for _, r := range rs {
-		if r.failed() {
-			n++
-		}
-	}
-	return n
-}
-
 // nodeSpan starts a CLIENT span for one node call, when enabled.
 func (t *telemetry) nodeSpan(ctx context.Context, p *peer, op string) (context.Context, trace.Span) {
 	if !t.nodeSpans {
