@@ -195,7 +195,10 @@ func WithFencingRetention(d time.Duration) Option {
 // no persistence at all.
 //
 // Every TTL used with this Client, in Acquire, TryAcquire, Do and Extend,
-// must be at most maxTTL (longer ones are rejected). On a brand-new node
+// must be at most maxTTL (longer ones are rejected; CheckTTL): with their
+// defaults, package scheduler needs 10 s (its run lock; tick records need
+// 2 x clock tolerance + lock timeout, 3 s) and package elector 10 s (its
+// lease), which their constructors check. On a brand-new node
 // the first acquisitions also wait maxTTL. Gated nodes show OutcomeGated.
 // Default 0: off. New rejects negative values and values below 1 ms.
 func WithRestartGating(maxTTL time.Duration) Option {

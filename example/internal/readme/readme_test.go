@@ -88,6 +88,8 @@ var (
 
 func buildReport(context.Context) error { return nil }
 
+func cleanup(context.Context) error { return nil }
+
 func consume(context.Context, uint64) {}
 `
 
