@@ -33,8 +33,7 @@ type Client struct {
 	tel    *telemetry
 	wake   *waker
 
-	closeOnce sync.Once
-	closed    atomic.Bool
+	closed atomic.Bool
 }
 
 // peer is one configured node.
@@ -179,22 +178,19 @@ func (c *Client) Nodes() int { return len(c.peers) }
 // (they are cancelled; a command that go-redis is reading a reply for then
 // ends with the client's read timeout at the latest, and so does a
 // release-notice subscription that is still connecting: Close can return
-// that much later than ctx). Safe to call more
-// than once and concurrently; later calls wait as the first does.
+// that much later than ctx). Safe to call more than once and concurrently:
+// each call waits as the first does, bounded by its own ctx; the first ctx
+// to end cancels what is still queued, for every caller.
 func (c *Client) Close(ctx context.Context) error {
 	c.closed.Store(true)
-	var err error
-	c.closeOnce.Do(func() {
-		c.wake.close()
-		var wg sync.WaitGroup
-		errs := make([]error, len(c.peers))
-		for i, p := range c.peers {
-			wg.Go(func() { errs[i] = p.tx.Close(ctx) })
-		}
-		wg.Wait()
-		err = errors.Join(errs...)
-	})
-	if err != nil {
+	var wg sync.WaitGroup
+	wg.Go(c.wake.close)
+	errs := make([]error, len(c.peers))
+	for i, p := range c.peers {
+		wg.Go(func() { errs[i] = p.tx.Close(ctx) })
+	}
+	wg.Wait()
+	if errors.Join(errs...) != nil {
 		return context.Cause(ctx)
 	}
 	return nil

@@ -303,7 +303,8 @@ func (w *waker) kickLocked() {
 	}
 }
 
-// close stops every subscriber and waits for their goroutines.
+// close stops every subscriber and waits for their goroutines. Safe to
+// call more than once and concurrently.
 func (w *waker) close() {
 	w.mu.Lock()
 	w.done = true
@@ -401,6 +402,12 @@ func (w *waker) subscribe(p *peer, s *subscriber) {
 		switch {
 		case ps == nil && len(add) > 0:
 			ps = p.rdb.Subscribe(ctx, add...) // with a channel: a Ring needs one to pick a shard
+			select {
+			case <-s.stop: // closed while connecting: receive nothing
+				_ = ps.Close()
+				return
+			default:
+			}
 			w.wg.Go(func() { defer close(received); w.receive(p, ps, s.stop) })
 		case len(add) > 0:
 			_ = ps.Subscribe(ctx, add...) // on error, go-redis subscribes again on its next connection
@@ -465,10 +472,11 @@ func (w *waker) receive(p *peer, ps *redis.PubSub, stop <-chan struct{}) {
 			w.unconfirm(p.idx) // go-redis subscribes again on its new connection
 			t := time.NewTimer(pause)
 			select {
-			case <-stop:
+			case <-stop: // closing: do not connect again
+				t.Stop()
+				return
 			case <-t.C:
 			}
-			t.Stop()
 			pause = min(2*pause, maxWakeRetry)
 			continue
 		}

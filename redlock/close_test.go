@@ -1,0 +1,222 @@
+package redlock_test
+
+// Close with frozen nodes: its bound (ctx + one go-redis read timeout)
+// and concurrent calls, against real redis-server nodes (issue 17, item 4;
+// found by an adversarial review).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+// plainClient returns a client of s with go-redis's defaults but
+// readTimeout (ContextTimeoutEnabled off), closed at the end of the test.
+func plainClient(t *testing.T, s *redlocktest.Server, readTimeout time.Duration) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: readTimeout})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// TestCloseWithSubscriberConnectingToFrozenNode: a waiting Acquire's
+// release-notice subscriber for a frozen node is still connecting (HELLO
+// read) when Close is called: Close returns within ctx + one read timeout.
+// It took 2-4 read timeouts: the subscriber started receiving (and
+// reconnecting) after Close, and the node senders were stopped only after
+// the subscribers, retrying their reads meanwhile.
+func TestCloseWithSubscriberConnectingToFrozenNode(t *testing.T) {
+	for _, ctxTimeout := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "ContextTimeoutEnabled"}[ctxTimeout], func(t *testing.T) {
+			testCloseWithSubscriberConnecting(t, ctxTimeout)
+		})
+	}
+}
+
+func testCloseWithSubscriberConnecting(t *testing.T, ctxTimeout bool) {
+	verifyNoLeaks(t)
+	const readTimeout = time.Second
+	cl := redlocktest.Start(t, 3)
+	nodes := make([]redis.UniversalClient, len(cl))
+	for i, s := range cl {
+		if ctxTimeout {
+			nodes[i] = ctxTimeoutClient(t, s, readTimeout)
+		} else {
+			nodes[i] = plainClient(t, s, readTimeout)
+		}
+	}
+	holder, err := redlock.New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	ctx := context.Background()
+	if _, err := holder.TryAcquire(ctx, []string{"r"}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, holder)
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	w, err := redlock.New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+	defer acancel()
+	done := make(chan error, 1)
+	go func() { _, err := w.Acquire(actx, []string{"r"}, 10*time.Second); done <- err }()
+	time.Sleep(50 * time.Millisecond) // first round refused by 0,1; subscribers start
+	const grace = 100 * time.Millisecond
+	cctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	start := time.Now()
+	err = w.Close(cctx)
+	took := time.Since(start)
+	t.Logf("Close = %v after %v", err, took)
+	if took > grace+readTimeout+300*time.Millisecond {
+		t.Errorf("Close returned after %v; want within ctx (%v) + one read timeout (%v)", took, grace, readTimeout)
+	}
+	select {
+	case err := <-done:
+		t.Logf("Acquire = %v", err)
+	case <-time.After(5 * time.Second):
+		t.Errorf("Acquire still running 5s after Close")
+	}
+}
+
+// TestConcurrentCloseHonoursItsOwnCtx: a second Close with a short ctx,
+// called while a first Close(context.Background()) drains releases queued
+// for a frozen node, returns within its ctx + one read timeout, with ctx's
+// error. It waited for the first (5 s) and returned nil.
+func TestConcurrentCloseHonoursItsOwnCtx(t *testing.T) {
+	verifyNoLeaks(t)
+	const readTimeout = 500 * time.Millisecond
+	cl := redlocktest.Start(t, 3)
+	nodes := make([]redis.UniversalClient, len(cl))
+	for i, s := range cl {
+		nodes[i] = plainClient(t, s, readTimeout)
+	}
+	c, err := redlock.New(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var locks []*redlock.Lock
+	for i := range 4 {
+		l, err := c.TryAcquire(ctx, []string{fmt.Sprint("r", i)}, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, l)
+	}
+	waitSettled(t, c)
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	for _, l := range locks {
+		if err := l.Release(ctx); err != nil { // quorum of 0,1; node 2's calls queue up
+			t.Fatal(err)
+		}
+	}
+	first := make(chan error, 1)
+	go func() { first <- c.Close(context.Background()) }()
+	time.Sleep(50 * time.Millisecond)
+	const grace = 100 * time.Millisecond
+	cctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	start := time.Now()
+	err = c.Close(cctx)
+	took := time.Since(start)
+	t.Logf("second Close = %v after %v", err, took)
+	if took > grace+readTimeout*3/2 {
+		t.Errorf("second Close returned after %v; want within its ctx (%v) + one read timeout (%v)", took, grace, readTimeout)
+	}
+	if err == nil && took > grace {
+		t.Errorf("second Close returned nil after its ctx ended (%v)", took)
+	}
+	t.Logf("first Close = %v after %v", <-first, time.Since(start))
+}
+
+// TestCloseUnderLoadFrozenNode: many goroutines acquire and release
+// (pipelines to every node) while node 2 is frozen; three Close calls with
+// the same short ctx race; every call must return within ctx + one read
+// timeout, later calls get ErrClosed and nothing leaks or panics.
+func TestCloseUnderLoadFrozenNode(t *testing.T) {
+	for _, ctxTimeout := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "ContextTimeoutEnabled"}[ctxTimeout], func(t *testing.T) {
+			verifyNoLeaks(t)
+			const readTimeout = time.Second
+			cl := redlocktest.Start(t, 3)
+			nodes := make([]redis.UniversalClient, len(cl))
+			for i, s := range cl {
+				if ctxTimeout {
+					nodes[i] = ctxTimeoutClient(t, s, readTimeout)
+				} else {
+					nodes[i] = plainClient(t, s, readTimeout)
+				}
+			}
+			c, err := redlock.New(nodes, redlock.WithReleaseNotices(false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := range 32 {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						l, err := c.TryAcquire(ctx, []string{fmt.Sprint("r", g, "-", i%4)}, 5*time.Second)
+						if err == nil {
+							_ = l.Release(ctx)
+						} else if errors.Is(err, redlock.ErrClosed) {
+							return
+						}
+					}
+				})
+			}
+			time.Sleep(200 * time.Millisecond)
+			cl[2].Stop(t)
+			defer cl[2].Cont(t)
+			time.Sleep(300 * time.Millisecond)
+			const grace = 100 * time.Millisecond
+			cctx, cancel := context.WithTimeout(ctx, grace)
+			defer cancel()
+			start := time.Now()
+			var cw sync.WaitGroup
+			for range 3 {
+				cw.Go(func() {
+					err := c.Close(cctx)
+					took := time.Since(start)
+					t.Logf("Close = %v after %v", err, took)
+					if took > grace+readTimeout*3/2 {
+						t.Errorf("Close returned after %v; want within ctx (%v) + one read timeout (%v)", took, grace, readTimeout)
+					}
+				})
+			}
+			cw.Wait()
+			close(stop)
+			wg.Wait()
+			if _, err := c.TryAcquire(ctx, []string{"x"}, time.Second); !errors.Is(err, redlock.ErrClosed) {
+				t.Errorf("TryAcquire after Close = %v", err)
+			}
+			if _, _, err := c.HolderMetadata(ctx, "x"); !errors.Is(err, redlock.ErrClosed) {
+				t.Errorf("HolderMetadata after Close = %v", err)
+			}
+			if err := c.Wait(ctx); err != nil {
+				t.Errorf("Wait after Close = %v", err)
+			}
+		})
+	}
+}
