@@ -206,7 +206,8 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 		return nil, invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
 	}
 	if err := client.CheckTTL(cfg.ttl); err != nil {
-		return nil, &textError{msg: fmt.Sprintf("elector: lease TTL %v (WithLeaseTTL) is not one the Client accepts: %v", cfg.ttl, err), errs: []error{err}}
+		why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
+		return nil, &textError{msg: fmt.Sprintf("elector: invalid argument: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, why), errs: []error{err}}
 	}
 	if !cfg.identitySet {
 		cfg.identity = tracing.DefaultIdentity()

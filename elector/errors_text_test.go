@@ -67,8 +67,7 @@ func TestNewErrorTexts(t *testing.T) {
 		{"nil option", client, "x", []elector.Option{elector.WithIdentity("a"), nil},
 			"elector: invalid argument: option 2 of 2 is nil"},
 		{"lease above the restart gate", gated, "x", nil,
-			"elector: lease TTL 10s (WithLeaseTTL) is not one the Client accepts: " +
-				"redlock: invalid argument: TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)"},
+			"elector: invalid argument: lease TTL 10s (WithLeaseTTL): TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

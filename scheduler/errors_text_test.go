@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -73,27 +74,67 @@ func TestLockerOptionTexts(t *testing.T) {
 	checkText(t, "New with a nil Option", err, "scheduler: invalid argument: option 1 of 1 is nil", redlock.ErrInvalidArgument)
 }
 
-// TestLockerRejectsTTLsAboveTheRestartGate: a Client whose restart gate
-// is shorter than the run lock's TTL or a tick record's lifetime refused
-// every Lock at run time; NewLocker now says so.
-func TestLockerRejectsTTLsAboveTheRestartGate(t *testing.T) {
-	gated := func(gate time.Duration) *redlock.Client {
+// TestLockerRejectsTTLsTheClientRejects: a Client whose restart gate is
+// shorter than the run lock's TTL or a tick record's lifetime (or whose
+// shortest TTL is above a record's) refused every Lock at run time; now
+// NewLocker, or NewJob for a duration job, says so. Configurations whose
+// records fit are accepted, whatever the lock timeout.
+func TestLockerRejectsTTLsTheClientRejects(t *testing.T) {
+	client := func(opts ...redlock.Option) *redlock.Client {
 		rdb := redis.NewClient(&redis.Options{Addr: "localhost:1"})
 		t.Cleanup(func() { _ = rdb.Close() })
-		c, err := redlock.New([]redis.UniversalClient{rdb}, redlock.WithRestartGating(gate))
+		c, err := redlock.New([]redis.UniversalClient{rdb}, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c
 	}
+	gated := func(gate time.Duration) *redlock.Client { return client(redlock.WithRestartGating(gate)) }
 	_, err := scheduler.NewLocker(gated(5 * time.Second))
-	checkText(t, "NewLocker, gate 5s", err, "scheduler: run lock TTL 10s (WithTTL) is not one the Client accepts: "+
-		"redlock: invalid argument: TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)", redlock.ErrInvalidArgument)
-	_, err = scheduler.NewLocker(gated(2*time.Second), scheduler.WithTTL(2*time.Second))
-	checkText(t, "NewLocker, gate 2s, TTL 2s", err, "scheduler: tick records live up to 3s (2 x clock tolerance + lock timeout), a TTL the Client does not accept: "+
-		"redlock: invalid argument: TTL 3s is above the restart gate's maximum TTL 2s (WithRestartGating)", redlock.ErrInvalidArgument)
-	if _, err := scheduler.NewLocker(gated(3*time.Second), scheduler.WithTTL(3*time.Second)); err != nil {
-		t.Errorf("NewLocker with a gate covering the run lock and tick records: %v", err)
+	checkText(t, "NewLocker, gate 5s", err, "scheduler: invalid argument: run lock TTL 10s (WithTTL): "+
+		"TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)", redlock.ErrInvalidArgument)
+	_, err = scheduler.NewLocker(gated(2*time.Second), scheduler.WithTTL(2*time.Second), scheduler.WithTickResolution(time.Minute))
+	checkText(t, "NewLocker, gate 2s, TTL 2s, resolution 1m", err, "scheduler: invalid argument: tick records of jobs every 1m0s live 3s "+
+		"(2 x clock tolerance 1s (WithClockTolerance), at least 100ms, + the Lock bound 1s (WithLockTimeout)): "+
+		"TTL 3s is above the restart gate's maximum TTL 2s (WithRestartGating)", redlock.ErrInvalidArgument)
+	_, err = scheduler.NewLocker(client(redlock.WithDriftFactor(0.49)), scheduler.WithClockTolerance(0), scheduler.WithTickResolution(100*time.Millisecond))
+	checkText(t, "NewLocker, records shorter than the Client's shortest TTL", err, "scheduler: invalid argument: tick records of jobs every 100ms live 150ms "+
+		"(2 x clock tolerance 0s (WithClockTolerance), at least 100ms, + the Lock bound 50ms (WithLockTimeout)): "+
+		"TTL 150ms is too short: after the clock drift allowance of 75.5ms, less than the minimum validity (50% of the TTL, WithMinValidity) would remain; use at least 201ms",
+		redlock.ErrInvalidArgument)
+	for _, tt := range []struct {
+		name string
+		gate time.Duration
+		opts []scheduler.LockerOption
+	}{
+		{"gate 3s, TTL 3s", 3 * time.Second, []scheduler.LockerOption{scheduler.WithTTL(3 * time.Second)}},
+		{"lock timeout above the spacing", 2 * time.Second, []scheduler.LockerOption{scheduler.WithTTL(2 * time.Second),
+			scheduler.WithClockTolerance(500 * time.Millisecond), scheduler.WithLockTimeout(5 * time.Second)}},
+		{"lock timeout math.MaxInt64", 3 * time.Second, []scheduler.LockerOption{scheduler.WithTTL(2 * time.Second), scheduler.WithLockTimeout(math.MaxInt64)}},
+	} {
+		if _, err := scheduler.NewLocker(gated(tt.gate), tt.opts...); err != nil {
+			t.Errorf("NewLocker, %s: %v", tt.name, err)
+		}
+	}
+	if _, err := scheduler.NewLocker(client(), scheduler.WithLockTimeout(math.MaxInt64), scheduler.WithTickResolution(math.MaxInt64)); err != nil {
+		t.Errorf("NewLocker, lock timeout and resolution math.MaxInt64: %v", err)
+	}
+	// Per-second records live 2 x 500ms + 750ms, hourly ones 2 x 500ms + 1.5s.
+	s, err := scheduler.New(gated(2*time.Second), scheduler.WithLockerOptions(scheduler.WithTTL(2*time.Second),
+		scheduler.WithClockTolerance(500*time.Millisecond), scheduler.WithLockTimeout(1500*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	_, err = s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func() {}), gocron.WithName("hourly"))
+	checkText(t, "NewJob, hourly job, gate 2s", err, `scheduler: invalid argument: job "hourly": tick records every 1h0m0s live 2.5s `+
+		"(2 x clock tolerance 500ms (WithClockTolerance), at least 100ms, + the Lock bound 1.5s (WithLockTimeout)): "+
+		"TTL 2.5s is above the restart gate's maximum TTL 2s (WithRestartGating)", redlock.ErrInvalidArgument)
+	if n := len(s.Jobs()); n != 0 {
+		t.Errorf("NewJob failed but left %d jobs", n)
+	}
+	if _, err := s.NewJob(gocron.DurationJob(time.Second), gocron.NewTask(func() {}), gocron.WithName("every-second")); err != nil {
+		t.Errorf("NewJob, per-second job, records 1.75s, gate 2s: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -64,9 +65,9 @@ type resolution struct{ every time.Duration }
 // performs no I/O and starts nothing. Errors match redlock.ErrInvalidArgument
 // and name the bad value: a nil client, a TTL below 10 ms, a negative clock
 // tolerance, a tick resolution below 1 ms, a lock timeout <= 0, and a run
-// lock TTL or tick-record lifetime (at most 2 x clock tolerance + lock
-// timeout) that the Client rejects (redlock.Client.CheckTTL: e.g. above
-// its restart gate).
+// lock TTL or a tick-record lifetime on the tick resolution's grid (2 x
+// clock tolerance, at least 100 ms, + the Lock bound) that the Client
+// rejects (redlock.Client.CheckTTL: e.g. above its restart gate).
 func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	cfg := lockerConfig{
 		ttl:         DefaultTTL,
@@ -101,11 +102,10 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, invalidf("instance ID (WithInstanceID) is %d bytes, more than the maximum %d", len(cfg.instance), maxInstance)
 	}
 	if err := client.CheckTTL(cfg.ttl); err != nil {
-		return nil, &textError{msg: fmt.Sprintf("scheduler: run lock TTL %v (WithTTL) is not one the Client accepts: %v", cfg.ttl, err), errs: []error{err}}
+		return nil, rejectedTTL(err, "run lock TTL %v (WithTTL)", cfg.ttl)
 	}
-	if err := client.CheckTTL(cfg.maxTickTTL()); err != nil {
-		return nil, &textError{msg: fmt.Sprintf("scheduler: tick records live up to %v (2 x clock tolerance + lock timeout), a TTL the Client does not accept: %v",
-			cfg.maxTickTTL(), err), errs: []error{err}}
+	if err := cfg.checkRecords(client, cfg.resolution, ""); err != nil {
+		return nil, err
 	}
 	if !cfg.instanceSet {
 		cfg.instance = tracing.DefaultIdentity()
@@ -209,9 +209,12 @@ func (l *Locker) every(job string) time.Duration {
 // computes a job's next run only after Lock returns, so a Lock that
 // outlasted the spacing made it skip the next tick without calling Lock,
 // and that skip was never reported; the margin covers gocron's own delays.
-func (l *Locker) lockTimeout(job string) time.Duration {
-	every := l.every(job)
-	return min(l.cfg.lockTimeout, max(every/2, every-lockMargin))
+func (l *Locker) lockTimeout(job string) time.Duration { return l.cfg.lockBound(l.every(job)) }
+
+// lockBound is the bound of one Lock of a job with tick spacing every
+// (lockTimeout).
+func (cfg lockerConfig) lockBound(every time.Duration) time.Duration {
+	return min(cfg.lockTimeout, max(every/2, every-lockMargin))
 }
 
 // lockMargin is what a Lock leaves of its job's tick spacing (lockTimeout).
@@ -597,14 +600,40 @@ func (e *tickError) Unwrap() []error {
 // record outlives every round of its tick, and no round after the winner's
 // run ended finds the tick free. This holds for instances that share their
 // clock tolerance, lock timeout and tick resolution.
-func (l *Locker) tickTTL(job string) time.Duration {
-	return max(2*l.cfg.tolerance, 100*time.Millisecond) + l.lockTimeout(job)
+func (l *Locker) tickTTL(job string) time.Duration { return l.cfg.recordTTL(l.every(job)) }
+
+// recordTTL is tickTTL for a job with tick spacing every, at most
+// math.MaxInt64.
+func (cfg lockerConfig) recordTTL(every time.Duration) time.Duration {
+	base, bound := max(2*cfg.tolerance, 100*time.Millisecond), cfg.lockBound(every)
+	if bound > math.MaxInt64-base {
+		return math.MaxInt64
+	}
+	return base + bound
 }
 
-// maxTickTTL bounds tickTTL for every job: a job's Lock bound is at most
-// the lock timeout.
-func (cfg lockerConfig) maxTickTTL() time.Duration {
-	return max(2*cfg.tolerance, 100*time.Millisecond) + cfg.lockTimeout
+// checkRecords returns the error of tick records, for jobs with tick
+// spacing every (job names one, or ""), whose TTL client rejects
+// (redlock.Client.CheckTTL), or nil.
+func (cfg lockerConfig) checkRecords(client *redlock.Client, every time.Duration, job string) error {
+	ttl := cfg.recordTTL(every)
+	err := client.CheckTTL(ttl)
+	if err == nil {
+		return nil
+	}
+	what := fmt.Sprintf("tick records of jobs every %v", every)
+	if job != "" {
+		what = fmt.Sprintf("job %q: tick records every %v", job, every)
+	}
+	return rejectedTTL(err, "%s live %v (2 x clock tolerance %v (WithClockTolerance), at least 100ms, + the Lock bound %v (WithLockTimeout))",
+		what, ttl, cfg.tolerance, cfg.lockBound(every))
+}
+
+// rejectedTTL returns the error of a TTL that the Client rejected with err:
+// it reads "scheduler: invalid argument: <what>: <why>" and wraps err.
+func rejectedTTL(err error, what string, args ...any) error {
+	why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
+	return &textError{msg: "scheduler: invalid argument: " + fmt.Sprintf(what, args...) + ": " + why, errs: []error{err}}
 }
 
 // RunContext returns the context of the run that ctx belongs to: pass the

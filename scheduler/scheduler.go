@@ -32,7 +32,11 @@ var _ gocron.Scheduler = (*Scheduler)(nil)
 //   - a duration job (gocron.DurationJob(d)) is anchored to the wall-clock
 //     grid of multiples of d (gocron.WithStartAt with the current time
 //     rounded down to d), so that instances started at different times tick
-//     at the same instants, and its ticks are identified on that grid.
+//     at the same instants, and its ticks are identified on that grid; a
+//     duration job whose tick records (2 x clock tolerance, at least 100
+//     ms, + its Lock bound) have a TTL that the redlock Client rejects
+//     (redlock.Client.CheckTTL: e.g. above its restart gate) fails with an
+//     error matching redlock.ErrInvalidArgument.
 //
 // Safe for concurrent use, as the gocron scheduler is.
 type Scheduler struct {
@@ -176,6 +180,9 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 	if !ok || ds.Duration <= 0 {
 		s.locker.setResolution(name, 0)
 		return j, nil
+	}
+	if err := s.locker.cfg.checkRecords(s.locker.client, ds.Duration, name); err != nil {
+		return fail(err)
 	}
 	anchor := s.locker.cfg.clock.Now().Truncate(ds.Duration)
 	aligned := append(append([]gocron.JobOption(nil), opts...),
