@@ -12,20 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 )
-
-// plainClient returns a client of s with go-redis's defaults but
-// readTimeout (ContextTimeoutEnabled off), closed at the end of the test.
-func plainClient(t *testing.T, s *redlocktest.Server, readTimeout time.Duration) *redis.Client {
-	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: readTimeout})
-	t.Cleanup(func() { _ = rdb.Close() })
-	return rdb
-}
 
 // TestCloseWithSubscriberConnectingToFrozenNode: a waiting Acquire's
 // release-notice subscriber for a frozen node is still connecting (HELLO
@@ -45,14 +34,7 @@ func testCloseWithSubscriberConnecting(t *testing.T, ctxTimeout bool) {
 	verifyNoLeaks(t)
 	const readTimeout = time.Second
 	cl := redlocktest.Start(t, 3)
-	nodes := make([]redis.UniversalClient, len(cl))
-	for i, s := range cl {
-		if ctxTimeout {
-			nodes[i] = ctxTimeoutClient(t, s, readTimeout)
-		} else {
-			nodes[i] = plainClient(t, s, readTimeout)
-		}
-	}
+	nodes := readTimeoutClients(t, cl, readTimeout, ctxTimeout)
 	holder, err := redlock.New(nodes)
 	if err != nil {
 		t.Fatal(err)
@@ -100,10 +82,7 @@ func TestConcurrentCloseHonoursItsOwnCtx(t *testing.T) {
 	verifyNoLeaks(t)
 	const readTimeout = 500 * time.Millisecond
 	cl := redlocktest.Start(t, 3)
-	nodes := make([]redis.UniversalClient, len(cl))
-	for i, s := range cl {
-		nodes[i] = plainClient(t, s, readTimeout)
-	}
+	nodes := readTimeoutClients(t, cl, readTimeout, false)
 	c, err := redlock.New(nodes)
 	if err != nil {
 		t.Fatal(err)
@@ -154,14 +133,7 @@ func TestCloseUnderLoadFrozenNode(t *testing.T) {
 			verifyNoLeaks(t)
 			const readTimeout = time.Second
 			cl := redlocktest.Start(t, 3)
-			nodes := make([]redis.UniversalClient, len(cl))
-			for i, s := range cl {
-				if ctxTimeout {
-					nodes[i] = ctxTimeoutClient(t, s, readTimeout)
-				} else {
-					nodes[i] = plainClient(t, s, readTimeout)
-				}
-			}
+			nodes := readTimeoutClients(t, cl, readTimeout, ctxTimeout)
 			c, err := redlock.New(nodes, redlock.WithReleaseNotices(false))
 			if err != nil {
 				t.Fatal(err)

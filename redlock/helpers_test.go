@@ -20,6 +20,31 @@ func ctxTimeoutClient(t *testing.T, s *redlocktest.Server, readTimeout time.Dura
 	return rdb
 }
 
+// plainClient returns a client of s with go-redis's defaults but
+// readTimeout (ContextTimeoutEnabled off), closed at the end of the test.
+func plainClient(t *testing.T, s *redlocktest.Server, readTimeout time.Duration) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: readTimeout})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// readTimeoutClients returns a client per server of cl with readTimeout,
+// and ContextTimeoutEnabled when ctxTimeout (ctxTimeoutClient, else
+// plainClient).
+func readTimeoutClients(t *testing.T, cl redlocktest.Cluster, readTimeout time.Duration, ctxTimeout bool) []redis.UniversalClient {
+	t.Helper()
+	nodes := make([]redis.UniversalClient, len(cl))
+	for i, s := range cl {
+		if ctxTimeout {
+			nodes[i] = ctxTimeoutClient(t, s, readTimeout)
+		} else {
+			nodes[i] = plainClient(t, s, readTimeout)
+		}
+	}
+	return nodes
+}
+
 // commandHook counts the commands go-redis processes (a pipeline counts
 // once per command).
 type commandHook struct{ calls atomic.Int32 }

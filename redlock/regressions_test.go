@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -475,11 +474,7 @@ func TestCloseWithFrozenNodeEndsWithinReadTimeout(t *testing.T) {
 	verifyNoLeaks(t)
 	const readTimeout = 2 * time.Second
 	cl := redlocktest.Start(t, 3)
-	nodes := make([]redis.UniversalClient, len(cl))
-	for i, s := range cl {
-		nodes[i] = ctxTimeoutClient(t, s, readTimeout)
-	}
-	c, err := redlock.New(nodes)
+	c, err := redlock.New(readTimeoutClients(t, cl, readTimeout, true))
 	if err != nil {
 		t.Fatal(err)
 	}

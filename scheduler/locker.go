@@ -343,17 +343,19 @@ func (l *Locker) take(ctx, lctx context.Context, job string, tick time.Time) (*r
 	// node timeout made for single locks, and a round that waits costs
 	// less than one that fails and is retried.
 	nodeTimeout := max(l.client.NodeTimeout(), l.lockTimeout(job)/2)
+	recordTTL := l.tickTTL(job)
+	ttlText := nonceSep + strconv.FormatInt(recordTTL.Milliseconds(), 10)
 	unavailable := 0
 	var last error // of the last round that lctx did not cut short
 	for {
 		// The metadata is this instance, its clock and the record's TTL,
 		// for the checks of instances that find the record (checkRecord).
 		md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce
-		if ttl := nonceSep + strconv.FormatInt(l.tickTTL(job).Milliseconds(), 10); len(md)+len(ttl) <= redlock.MaxMetadata {
-			md += ttl
+		if len(md)+len(ttlText) <= redlock.MaxMetadata {
+			md += ttlText
 		}
 		lk, err := l.client.TryAcquire(lctx, resources, l.cfg.ttl, redlock.WithMetadata(md),
-			redlock.WithRecord(record, l.tickTTL(job)), redlock.WithNodeTimeout(nodeTimeout))
+			redlock.WithRecord(record, recordTTL), redlock.WithNodeTimeout(nodeTimeout))
 		var qerr *redlock.QuorumError
 		isQuorum := errors.As(err, &qerr)
 		switch {
