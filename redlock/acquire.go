@@ -50,7 +50,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 				lockName(l.resources), attemptsText(attempts-1))
 		}
 		w.beforeAttempt()
-		q := c.attempt(ctx, l, attempts, !c.cfg.noWake)
+		q := c.attempt(ctx, l, attempts, true)
 		if q == nil {
 			return l, nil
 		}
@@ -146,11 +146,12 @@ func (l *Lock) end() {
 // attempt is one acquisition attempt, steps 1-5 of the redis.io page: T1,
 // one round on every node, the quorum decision, the validity, and on
 // failure the undo on every node. It returns nil when l is now held.
-// waiting says that a refusal marks the holder's key for a release notice.
-func (c *Client) attempt(ctx context.Context, l *Lock, n int, waiting bool) *QuorumError {
+// retrying says that the attempt is Acquire's (which retries), not
+// TryAcquire's.
+func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *QuorumError {
 	value, aid := l.nextAttempt()
 	start := time.Now() // T1
-	rs := c.round(ctx, c.acquireSpec(l, value, aid, n, waiting))
+	rs := c.round(ctx, c.acquireSpec(l, value, aid, n, retrying))
 	var qerr *QuorumError
 	var token uint64
 	if count(rs, OutcomeOK) < c.quorum {
@@ -209,30 +210,31 @@ func (l *Lock) nextAttempt() (value, aid string) {
 }
 
 // acquireSpec returns the acquire round of one attempt (scripts/acquire.lua
-// for its arguments).
-func (c *Client) acquireSpec(l *Lock, value, aid string, n int, waiting bool) roundSpec {
+// for its arguments). An Acquire's attempt (retrying) marks a refusing
+// holder's key for a release notice, unless notices are off.
+func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) roundSpec {
 	fencing, wait := "0", "0"
 	if l.cfg.fencing {
 		fencing = "1"
 	}
-	if waiting {
+	if retrying && !c.cfg.noWake {
 		wait = "1"
 	}
 	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
 		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
 			l.cfg.recordTTL.Milliseconds()},
 		parse: parseAcquire(l, value),
-		// Retries of a waiting Acquire do not wait for a node that timed
-		// out until it answers again; a first attempt (and TryAcquire,
-		// which a caller may retry through a burst that only slows the
-		// nodes) waits for every node.
-		skipDown: waiting && n > 1,
+		// Acquire's retries do not wait for a node that timed out until
+		// it answers again; a first attempt (and TryAcquire, which a
+		// caller may retry through a burst that only slows the nodes)
+		// waits for every node.
+		skipDown: retrying && n > 1,
 		// A TryAcquire that lost waits for the answers still due, so that
 		// its undo does not go to nodes that refused (a fleet's losers
 		// sent one undo per tick each).
-		settle: !waiting,
+		settle: !retrying,
 	}
-	if !waiting && len(l.keys) == 1 {
+	if !retrying && len(l.keys) == 1 {
 		// A plain one-key lock tried once: SET NX GET does what the script
 		// does there, and Redis runs a plain command faster than a script.
 		spec.setGet = []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"} // keys: spec.keys

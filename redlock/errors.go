@@ -250,16 +250,30 @@ func (e *QuorumError) HolderMetadata() (metadata string, ok bool) {
 	if e.Op != "acquire" {
 		return "", false
 	}
+	r, ok := quorumHolder(e)
+	return r.Holder, ok
+}
+
+// quorumHolder returns the result of a node that refused q for the holder
+// that a quorum of q's nodes named, if there is one. Nodes name the same
+// holder when they hold the same lock value (the same owner token, trace
+// context and metadata), or, in a QuorumError built without values (a
+// user's test), the same metadata.
+func quorumHolder(q *QuorumError) (NodeResult, bool) {
 	votes := map[string]int{}
-	for _, r := range e.Nodes {
+	for _, r := range q.Nodes {
 		if r.Outcome != OutcomeHeld {
 			continue
 		}
-		if votes[r.Holder]++; votes[r.Holder] >= e.Quorum {
-			return r.Holder, true
+		v := r.value
+		if v == "" {
+			v = nul + r.Holder // never a lock value, which starts with the owner token
+		}
+		if votes[v]++; votes[v] >= q.Quorum {
+			return r, true
 		}
 	}
-	return "", false
+	return NodeResult{}, false
 }
 
 // Holder returns HolderMetadata().

@@ -312,11 +312,19 @@ func TestBadRetryFactoryAndManyResources(t *testing.T) {
 // Acquire waits the node timeout for it once; later rounds do not wait for
 // it until it answers again, so the handoff after a release takes about a
 // round trip, not a node timeout (each retry waited the full timeout).
+// With release notices off the retries did wait it (Acquire's attempts were
+// taken for TryAcquire's when nothing was marked for a notice).
 func TestFrozenNodeDoesNotSlowEveryRetry(t *testing.T) {
+	for _, notices := range []bool{true, false} {
+		t.Run(fmt.Sprint("notices=", notices), func(t *testing.T) { testFrozenNodeRetries(t, notices) })
+	}
+}
+
+func testFrozenNodeRetries(t *testing.T, notices bool) {
 	cl := redlocktest.Start(t, 3)
 	const nodeTimeout = 2 * time.Second
 	holder := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout))
-	waiter := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout),
+	waiter := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout), redlock.WithReleaseNotices(notices),
 		redlock.WithRetry(func() backoff.BackOff { return backoff.NewConstantBackOff(10 * time.Millisecond) }))
 	ctx := context.Background()
 	l, err := holder.TryAcquire(ctx, []string{"r"}, 10*time.Second)
@@ -497,5 +505,30 @@ func TestCloseWithFrozenNodeEndsWithinReadTimeout(t *testing.T) {
 	}
 	if took := time.Since(start); took > readTimeout*3/2 {
 		t.Errorf("Close returned %v after the release; want within the %v read timeout (no retry)", took, readTimeout)
+	}
+}
+
+// TestSplitHoldersWithoutMetadataNameNoHolder: two locks without metadata,
+// each held on one node of three, refuse a third Client's round; its
+// QuorumError names no holder. Votes were counted by metadata, so the two
+// locks' "" made a quorum for one holder.
+func TestSplitHoldersWithoutMetadataNameNoHolder(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	all := cl.Clients(t)
+	ctx := context.Background()
+	for i := range 2 { // lock "r" on node i alone, by a Client of that node
+		c := newClient(t, all[i:i+1])
+		if _, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second); err != nil {
+			t.Fatalf("lock on node %d: %v", i, err)
+		}
+	}
+	c := newClient(t, all)
+	_, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	var q *redlock.QuorumError
+	if !errors.As(err, &q) || q.Count(redlock.OutcomeHeld) != 2 {
+		t.Fatalf("TryAcquire = %v, want a QuorumError with 2 nodes held", err)
+	}
+	if md, ok := q.HolderMetadata(); ok {
+		t.Errorf("HolderMetadata() = %q, true for two locks on one node each; want no holder", md)
 	}
 }

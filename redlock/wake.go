@@ -216,21 +216,6 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) (endedBy 
 	}
 }
 
-// quorumHolder returns the result of a node that refused q for the holder
-// a quorum of q's nodes named (the same lock value), if there is one.
-func quorumHolder(q *QuorumError) (NodeResult, bool) {
-	votes := map[string]int{}
-	for _, r := range q.Nodes {
-		if r.Outcome == OutcomeHeld && r.value != "" {
-			votes[r.value]++
-			if votes[r.value] >= q.Quorum {
-				return r, true
-			}
-		}
-	}
-	return NodeResult{}, false
-}
-
 // oneHolder returns the shortest TTL left of the holder's key when a quorum
 // of q's nodes refused for one lock (the same value): a holder to wait for.
 func oneHolder(q *QuorumError) (expires time.Duration, ok bool) {
