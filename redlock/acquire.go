@@ -25,7 +25,9 @@ import (
 //
 // Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
 // matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
-// ErrUnavailable when too many nodes failed, and ctx's cause when ctx ended.
+// ErrUnavailable when too many nodes failed, ctx's cause when ctx ended, and
+// ErrClosed (with no *QuorumError before any round) once the Client is
+// closed.
 // Safe for concurrent use. (redis.io distlock spec, steps 1-5.)
 func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Duration, opts ...LockOption) (l *Lock, err error) {
 	ctx, span := c.tel.startOp(ctx, tracing.SpanAcquire, resources, ttl)
@@ -258,8 +260,7 @@ func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
 			}
 			return refusal(v, 0, l.resources[0])
 		case []any:
-			code, _ := v[0].(int64)
-			switch {
+			switch code := intAt(v, 0); {
 			case code == 1:
 				return NodeResult{Outcome: OutcomeOK, reply: v}
 			case code == 2:

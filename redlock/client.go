@@ -243,19 +243,21 @@ func (c *Client) CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
-// ttlProblem says what is wrong with ttl for CheckTTL, or "".
+// ttlProblem says what is wrong with ttl for CheckTTL, or "": the checks
+// apply to ttl rounded down to whole milliseconds, as the nodes get it.
 func (c *Client) ttlProblem(ttl time.Duration) string {
+	ms := ttl.Truncate(time.Millisecond)
 	switch {
 	case ttl < time.Millisecond:
 		return fmt.Sprintf("TTL %v is below the minimum 1ms", ttl)
-	case c.tooShort(ttl):
+	case c.tooShort(ms):
 		msg := fmt.Sprintf("TTL %v is too short: after the clock drift allowance of %v, less than the minimum validity (%g%% of the TTL, WithMinValidity) would remain",
 			ttl, c.drift(ttl), c.cfg.minValidity*100)
 		if least, ok := c.shortestTTL(); ok {
 			msg += fmt.Sprintf("; use at least %v", least)
 		}
 		return msg
-	case c.cfg.gate > 0 && ttl > c.cfg.gate:
+	case c.cfg.gate > 0 && ms > c.cfg.gate:
 		return fmt.Sprintf("TTL %v is above the restart gate's maximum TTL %v (WithRestartGating)", ttl, c.cfg.gate)
 	}
 	return ""

@@ -192,3 +192,41 @@ func TestCloseUnderLoadFrozenNode(t *testing.T) {
 		})
 	}
 }
+
+// TestCallsQueuedWhenCloseGivesUpAreErrClosed: a round whose calls were
+// still queued behind a frozen node's when Close gave up fails with
+// ErrClosed, not ErrUnavailable: the nodes did not fail, Close dropped the
+// calls. They were counted as node failures.
+func TestCallsQueuedWhenCloseGivesUpAreErrClosed(t *testing.T) {
+	const readTimeout = time.Second
+	cl := redlocktest.Start(t, 3)
+	c, err := redlock.New(readTimeoutClients(t, cl, readTimeout, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cl[1].Stop(t)
+	defer cl[1].Cont(t)
+	cl[2].Stop(t)
+	defer cl[2].Cont(t)
+	// Nodes 1 and 2 read this round's calls until the read timeout.
+	if _, err := c.TryAcquire(ctx, []string{"a"}, 10*time.Second); !errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("TryAcquire with 2 of 3 nodes frozen = %v, want ErrUnavailable", err)
+	}
+	done := make(chan error, 1)
+	go func() { // its calls to nodes 1 and 2 queue behind those
+		_, err := c.TryAcquire(ctx, []string{"b"}, 10*time.Second, redlock.WithNodeTimeout(10*time.Second))
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := c.Close(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close = %v, want DeadlineExceeded (it gave up on the queued calls)", err)
+	}
+	err = <-done
+	if !errors.Is(err, redlock.ErrClosed) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("TryAcquire whose calls Close dropped = %v, want ErrClosed and not ErrUnavailable", err)
+	}
+	t.Logf("TryAcquire = %v", err)
+}

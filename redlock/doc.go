@@ -30,7 +30,8 @@
 // (GC, a stopped VM) between a check of Until and the guarded write: for
 // work where that matters, have the protected resource reject stale writers
 // (WithFencing). A lock expires on every node at most TTL after its last
-// acquire or extend, so a holder that dies frees its resources within TTL.
+// acquire or extend (for a reentrant owner, the last of any of its holds),
+// so a holder that dies frees its resources within TTL.
 //
 // # Errors
 //

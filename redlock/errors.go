@@ -34,13 +34,14 @@ var (
 	// "someone else holds the lock". Calls that the caller's own ctx cut
 	// short are not failures of their nodes. A failed acquisition can match
 	// both ErrNotAcquired and ErrUnavailable. An Extend that fails this way
-	// leaves the lock valid until its unchanged Until().
+	// leaves the lock valid until its Until(), which it moves earlier when
+	// its own TTL would end sooner (see Lock.Extend).
 	ErrUnavailable = errors.New("redlock: quorum unavailable")
 
 	// ErrInvalidArgument matches errors about bad configuration or input,
 	// reported before any I/O: no nodes, a nil or repeated node, an option
 	// out of range, a TTL too short or above the restart gate, an empty,
-	// repeated or NUL-containing resource name, a nil *Lock.
+	// repeated, reserved or NUL-containing resource name, a nil *Lock.
 	ErrInvalidArgument = errors.New("redlock: invalid argument")
 
 	// ErrClosed matches calls made on a Client after Close.

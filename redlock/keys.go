@@ -13,7 +13,9 @@ import (
 // name: "<key>\x00holds" (a reentrant lock's holds), "<key>\x00fencing" (a
 // fencing counter), "<prefix>\x00restart-gate" (the gate marker). Neither
 // a resource name nor a key prefix may contain a NUL byte (ErrInvalidArgument),
-// so no resource can name one of them, and no two of them coincide.
+// so no resource can name one of them, and no two of them coincide. The
+// one exception, the marker of releases before 0.2, "<prefix>redlock:restart-gate",
+// is a reserved resource name (ErrInvalidArgument).
 const (
 	nul           = "\x00"
 	holdsSuffix   = nul + "holds"

@@ -14,8 +14,8 @@ import (
 
 // Lock is a lock held on a quorum of nodes, as returned by Acquire and
 // TryAcquire. Its methods are safe for concurrent use: Extend and Release
-// of one Lock run one at a time, in the order they are called, so that
-// Until never runs ahead of what a quorum of nodes holds. The lock value
+// of one Lock run one at a time, so that Until never runs ahead of what a
+// quorum of nodes holds. The lock value
 // (a random 128-bit owner token) is never exposed or logged.
 type Lock struct {
 	c         *Client
@@ -73,6 +73,7 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if err := c.CheckTTL(ttl); err != nil {
 		return nil, err
 	}
+	ttl = ttl.Truncate(time.Millisecond) // as the nodes get it
 	if err := c.checkResources(resources); err != nil {
 		return nil, err
 	}
@@ -110,6 +111,8 @@ func (c *Client) checkRecord(cfg *lockConfig, resources []string) error {
 		return invalidf("the record name (WithRecord) is empty")
 	case hasNUL(cfg.record):
 		return invalidf("record name %q (WithRecord) contains a NUL byte", cfg.record)
+	case cfg.record == legacyGateName:
+		return invalidf("record name %q (WithRecord) is reserved: releases before 0.2 kept the restart gate marker under it", cfg.record)
 	case slices.Contains(resources, cfg.record):
 		return invalidf("record name %q (WithRecord) is also a resource of the lock", cfg.record)
 	case cfg.owner != "":
@@ -138,8 +141,8 @@ func (cfg *lockConfig) validate() error {
 	return nil
 }
 
-// checkResources rejects an empty list, empty or repeated names, and names
-// with a NUL byte (keys.go).
+// checkResources rejects an empty list, empty or repeated names, names
+// with a NUL byte and the former gate marker's name (keys.go).
 func (c *Client) checkResources(resources []string) error {
 	if len(resources) == 0 {
 		return invalidf("no resources: name at least one")
@@ -151,6 +154,8 @@ func (c *Client) checkResources(resources []string) error {
 			return invalidf("resources[%d] is empty", i)
 		case hasNUL(r):
 			return invalidf("resource %q contains a NUL byte", r)
+		case r == legacyGateName:
+			return invalidf("resource name %q is reserved: releases before 0.2 kept the restart gate marker under it", r)
 		case dup:
 			return invalidf("resource %q is listed twice (resources[%d] and resources[%d])", r, j, i)
 		}
@@ -193,8 +198,10 @@ func (l *Lock) Metadata() string {
 
 // Until returns the local validity deadline: the start of the last
 // successful acquire or extend round + TTL - drift, on this process's
-// monotonic clock (redis.io distlock spec, step 3). Work guarded by the lock
-// must end before it. Zero for a nil Lock.
+// monotonic clock (redis.io distlock spec, step 3), or earlier when an
+// Extend that no quorum confirmed would have ended the lock sooner (see
+// Extend). Work guarded by the lock must end before it. Zero for a nil
+// Lock.
 func (l *Lock) Until() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -253,11 +260,13 @@ func (l *Lock) checkHeld(ctx context.Context) (value, aid string, until time.Tim
 func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
 // Extend sets the TTL of every key of the lock to ttl on the nodes where all
-// of them still hold this lock (owner-checked in one script per node), and
-// on success moves Until to this round's start + ttl - drift. It never
-// creates a key, is never sent after Until, and obeys every limit of
-// Acquire (the TTL's range and the restart gate). Concurrent Extend and
-// Release calls on one Lock run one after the other.
+// of them still hold this lock (owner-checked in one script per node; for a
+// reentrant lock it only raises TTLs, since the owner's holds share the
+// keys), and on success moves Until to this round's start + ttl - drift.
+// ttl is rounded down to whole milliseconds. It never creates a key, its
+// calls still queued for a node when Until passes are dropped, and it obeys
+// every limit of Acquire (the TTL's range and the restart gate). Concurrent Extend and Release calls on one
+// Lock run one after the other.
 //
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
@@ -278,6 +287,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if err := c.CheckTTL(ttl); err != nil {
 		return err
 	}
+	ttl = ttl.Truncate(time.Millisecond) // as the nodes get it
 	if c.closed.Load() {
 		return wrapf([]error{ErrClosed}, "%s not extended: the client is closed", lockName(l.resources))
 	}

@@ -240,8 +240,11 @@ func WithMetadata(m string) LockOption {
 // acquisition by the same owner of resources that owner already holds
 // succeeds at once (one quorum round) and adds a hold; each Lock's Release
 // removes its own hold, and the keys are deleted when the last hold is
-// released. TTLs are refreshed on reentry and never lowered; the fencing
-// token stays the same on reentry. Another owner is refused as usual. Go
+// released. TTLs are refreshed on reentry and never lowered. With fencing,
+// a re-entry of resources the owner holds keeps the hold's token; one that
+// adds resources is a new hold with a larger token (one token covers all of
+// a lock's resources), which supersedes the older one at the resources they
+// share (docs/fencing.md). Another owner is refused as usual. Go
 // has no goroutine identity: owner is yours to choose (a job ID, a request
 // ID), non-empty and at most MaxOwner bytes; whoever knows it shares the
 // lock. Default: not reentrant.
@@ -259,8 +262,9 @@ func WithOwner(owner string) LockOption {
 // the acquisition is remembered (the scheduler's tick records). A failed
 // attempt deletes its record with its lock keys. The record obeys the
 // rules of a resource name and of a TTL (restart gate included), must not
-// be one of the lock's resources, and cannot be combined with WithOwner;
-// New rejects it (ErrInvalidArgument for each). Default: no record.
+// be one of the lock's resources, and cannot be combined with WithOwner:
+// the call rejects one that breaks a rule (ErrInvalidArgument), and New
+// rejects WithRecord altogether. Default: no record.
 func WithRecord(record string, ttl time.Duration) LockOption {
 	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
 }

@@ -542,15 +542,34 @@ func TestRoundOnCancelledContextSendsNothing(t *testing.T) {
 	}
 }
 
+// TestTTLIsSentInMilliseconds: the nodes get the TTL in whole
+// milliseconds, and Until and TTL use it rounded down so (they used the
+// fraction the keys do not have).
 func TestTTLIsSentInMilliseconds(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, []string{"r"}, 1500*time.Millisecond)
+	start := time.Now()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 1500*time.Millisecond+999*time.Microsecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
+	if got := l.TTL(); got != 1500*time.Millisecond {
+		t.Errorf("TTL() = %v after TryAcquire with 1.500999s, want 1.5s", got)
+	}
+	if u := l.Until(); u.After(start.Add(1500 * time.Millisecond)) {
+		t.Errorf("Until() is %v after the call's start, want at most 1.5s", u.Sub(start))
+	}
+	if err := l.Extend(ctx, 1400*time.Millisecond+500*time.Microsecond); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.TTL(); got != 1400*time.Millisecond {
+		t.Errorf("TTL() = %v after Extend with 1.4005s, want 1.4s", got)
+	}
+	if err := l.Extend(ctx, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
 	for i, s := range cl {
 		// The round was decided at two grants; the third may still land.
 		var ttl time.Duration

@@ -408,3 +408,38 @@ func TestUncheckedReentryFails(t *testing.T) {
 		t.Errorf("re-entry's token %d, outer hold's %d: want the same", a2.FencingToken(), a1.FencingToken())
 	}
 }
+
+// TestReentryWithMoreResourcesGetsANewToken: a re-entry that adds a
+// resource is a new hold with a larger token (one token covers every
+// resource of a lock, and the added resource's counter may be above the
+// outer hold's token); a re-entry of resources already held keeps the
+// token. docs/fencing.md and WithOwner say so.
+func TestReentryWithMoreResourcesGetsANewToken(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithFencing(true))
+	ctx := context.Background()
+	owner := redlock.WithOwner("o")
+	outer, err := c.TryAcquire(ctx, []string{"a"}, 10*time.Second, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := c.TryAcquire(ctx, []string{"a"}, 10*time.Second, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wider, err := c.TryAcquire(ctx, []string{"a", "b"}, 10*time.Second, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if same.FencingToken() != outer.FencingToken() {
+		t.Errorf("re-entry of {a}: token %d, want the outer hold's %d", same.FencingToken(), outer.FencingToken())
+	}
+	if wider.FencingToken() <= outer.FencingToken() {
+		t.Errorf("re-entry of {a, b}: token %d, want above the outer hold's %d", wider.FencingToken(), outer.FencingToken())
+	}
+	for _, l := range []*redlock.Lock{wider, same, outer} {
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("Release %q: %v", l.Resources(), err)
+		}
+	}
+}

@@ -230,7 +230,7 @@ func TestResourceNamesCannotReachInternalKeys(t *testing.T) {
 			}
 		}
 	}
-	plain := acquire([]string{"a:fencing", "redlock:restart-gate"})
+	plain := acquire([]string{"a:fencing", "restart-gate"})
 	fenced := acquire([]string{"a"}, redlock.WithFencing(true))
 	reentrant := acquire([]string{"b", "b:holds"}, redlock.WithOwner("o"))
 	for _, l := range []*redlock.Lock{reentrant, fenced, plain} {
@@ -238,10 +238,15 @@ func TestResourceNamesCannotReachInternalKeys(t *testing.T) {
 			t.Errorf("Release %q: %v", l.Resources(), err)
 		}
 	}
-	for _, bad := range [][]string{{"a\x00fencing"}, {"x\x00"}} {
+	// The marker of releases before 0.2 survives upgrades: a lock on its
+	// name would be refused for as long as it stays.
+	for _, bad := range [][]string{{"a\x00fencing"}, {"x\x00"}, {"redlock:restart-gate"}} {
 		if _, err := c.TryAcquire(ctx, bad, time.Second); !errors.Is(err, redlock.ErrInvalidArgument) {
 			t.Errorf("TryAcquire %q = %v, want ErrInvalidArgument", bad, err)
 		}
+	}
+	if _, err := c.TryAcquire(ctx, []string{"a"}, time.Second, redlock.WithRecord("redlock:restart-gate", time.Second)); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("TryAcquire with the record %q = %v, want ErrInvalidArgument", "redlock:restart-gate", err)
 	}
 	if _, err := redlock.New(cl.Clients(t), redlock.WithKeyPrefix("p\x00")); !errors.Is(err, redlock.ErrInvalidArgument) {
 		t.Errorf("New with a NUL in the key prefix = %v, want ErrInvalidArgument", err)

@@ -229,6 +229,8 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 	switch {
 	case err == nil || err == redis.Nil:
 		r = rs.spec.parse(cmd)
+	case errors.Is(err, node.ErrClosed): // Close gave up on the queued call: not the node's failure
+		r = NodeResult{Outcome: OutcomeError, Err: ErrClosed, canceled: true}
 	case cut && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		r = NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
 	case isTimeout(err):
