@@ -126,6 +126,8 @@ func (cfg *config) validate(nodes int) error {
 		return invalidf("node timeout %v (WithNodeTimeout) is not positive", cfg.nodeTimeout)
 	case math.IsNaN(cfg.minValidity) || cfg.minValidity < 0 || cfg.minValidity >= 1:
 		return invalidf("minimum validity %v (WithMinValidity) must be at least 0 and below 1", cfg.minValidity)
+	case cfg.driftFactor+cfg.minValidity >= 1:
+		return invalidf("drift factor %v (WithDriftFactor) and minimum validity %v (WithMinValidity) add up to 1 or more: no TTL would leave the minimum validity", cfg.driftFactor, cfg.minValidity)
 	case cfg.fencingRetention < time.Second:
 		return invalidf("fencing retention %v (WithFencingRetention) is below the minimum 1s", cfg.fencingRetention)
 	case cfg.gate < 0:

@@ -8,9 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -229,4 +234,69 @@ func TestCallsQueuedWhenCloseGivesUpAreErrClosed(t *testing.T) {
 		t.Errorf("TryAcquire whose calls Close dropped = %v, want ErrClosed and not ErrUnavailable", err)
 	}
 	t.Logf("TryAcquire = %v", err)
+}
+
+// TestCloseWithSubscriberDialingAnUnreachableNode: a waiting Acquire's
+// release-notice subscriber is still dialing a node whose host drops
+// packets (the dial would last go-redis's DialTimeout) when Close is
+// called: Close returns within its ctx + one read timeout. The dial ran
+// on a context Close could not end, so Close waited the DialTimeout
+// (found by an adversarial helper).
+func TestCloseWithSubscriberDialingAnUnreachableNode(t *testing.T) {
+	verifyNoLeaks(t)
+	const readTimeout = time.Second
+	const dialTimeout = 5 * time.Second
+	cl := redlocktest.Start(t, 3)
+	nodes := readTimeoutClients(t, cl, readTimeout, false)
+	holder := newClient(t, nodes)
+	ctx := context.Background()
+	if _, err := holder.TryAcquire(ctx, []string{"r"}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, holder)
+	// Node 2's client can run commands on its first connection, but every
+	// later dial (the subscriber's) hangs until DialTimeout or its ctx ends.
+	var dials atomic.Int32
+	unreachable := redis.NewClient(&redis.Options{Addr: cl[2].Addr(), ReadTimeout: readTimeout, DialTimeout: dialTimeout,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if dials.Add(1) == 1 {
+				var d net.Dialer
+				return d.DialContext(ctx, network, addr)
+			}
+			select {
+			case <-time.After(dialTimeout):
+				return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}})
+	t.Cleanup(func() { _ = unreachable.Close() })
+	if err := unreachable.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := redlock.New([]redis.UniversalClient{nodes[0], nodes[1], unreachable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+	defer acancel()
+	done := make(chan error, 1)
+	go func() { _, err := w.Acquire(actx, []string{"r"}, 10*time.Second); done <- err }()
+	time.Sleep(300 * time.Millisecond) // refused; the subscribers dial
+	const grace = 100 * time.Millisecond
+	cctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	start := time.Now()
+	err = w.Close(cctx)
+	took := time.Since(start)
+	t.Logf("Close = %v after %v (%d dials of node 2)", err, took, dials.Load())
+	if took > grace+readTimeout+300*time.Millisecond {
+		t.Errorf("Close returned after %v; want within ctx (%v) + one read timeout (%v)", took, grace, readTimeout)
+	}
+	select {
+	case err := <-done:
+		t.Logf("Acquire = %v", err)
+	case <-time.After(5 * time.Second):
+		t.Errorf("Acquire still running 5s after Close")
+	}
 }

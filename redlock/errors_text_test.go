@@ -130,6 +130,8 @@ func TestNewErrorTexts(t *testing.T) {
 			"redlock: invalid argument: drift factor 0.5 (WithDriftFactor) must be at least 0 and below 0.5"},
 		{"minimum validity", []redis.UniversalClient{a}, []redlock.Option{redlock.WithMinValidity(1)},
 			"redlock: invalid argument: minimum validity 1 (WithMinValidity) must be at least 0 and below 1"},
+		{"validity left for no TTL", []redis.UniversalClient{a}, []redlock.Option{redlock.WithMinValidity(0.99)},
+			"redlock: invalid argument: drift factor 0.01 (WithDriftFactor) and minimum validity 0.99 (WithMinValidity) add up to 1 or more: no TTL would leave the minimum validity"},
 		{"restart gate", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRestartGating(time.Microsecond)},
 			"redlock: invalid argument: restart gate 1µs (WithRestartGating) is below the minimum 1ms (0 turns gating off)"},
 		{"record given to New", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRecord("r", time.Second)},

@@ -14,3 +14,7 @@ func Flush(c *Client, ctx context.Context) error { return c.flush(ctx) }
 func SetWeakGrant(q *QuorumError, validity, minimum time.Duration) {
 	q.weak, q.validity, q.minimum = true, validity, minimum
 }
+
+// Down reports whether c counts node i as down: it has not answered since
+// a call of a round that waited the node timeout went unanswered.
+func Down(c *Client, i int) bool { return c.peers[i].down.Load() }

@@ -17,14 +17,16 @@ import (
 // (FromContext). Do releases the lock (also when fn panics), on a context
 // detached from ctx's cancellation.
 //
-// While fn runs, Do extends the lock by ttl each time a third of ttl has
-// passed since the last successful extension, retrying every ttl/10 while
-// nodes fail. If the lock is lost (too many nodes no longer hold it, or no
-// extension succeeded in time), fn's ctx is cancelled with a cause matching
-// ErrLockLost no later than Until() - ttl/10, whether or not an Extend call is
-// still waiting for nodes; no extension is tried after that point, so a lost
-// lock is never revived. fn's ctx is also cancelled when ctx ends. Each
-// extension is a trace of its own, linked to Do's span (see Keep).
+// While fn runs, Do extends the lock by its TTL each time a third of the TTL
+// has passed since the last successful extension, retrying every TTL/10
+// while nodes fail; the TTL is ttl, or that of fn's own last Extend of the
+// lock (see Keep). If the lock is lost (too many nodes no longer hold it, or
+// no extension succeeded in time), fn's ctx is cancelled with a cause
+// matching ErrLockLost no later than Until() - TTL/10, whether or not an
+// Extend call is still waiting for nodes; no extension is tried after that
+// point, so a lost lock is never revived. fn's ctx is also cancelled when
+// ctx ends. Each extension is a trace of its own, linked to Do's span (see
+// Keep).
 //
 // Do returns fn's error joined with ErrLockLost when the lock was lost while
 // fn ran, or with the release error. It returns an acquisition error
@@ -58,20 +60,26 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 // Keep extends l in the background while work runs, as Do does: by its TTL
 // each time a third of the TTL (ExtendEvery, given here or at Acquire) has
 // passed since the last extension, retrying every TTL/10 while nodes fail.
+// The TTL and Until are the Lock's current ones: an Extend of yours while
+// Keep runs sets the TTL that Keep extends by, and when it moves Until
+// earlier, Keep's deadline moves with it.
 // The returned context, derived from ctx and carrying l (FromContext), is
 // cancelled with a cause matching ErrLockLost when the lock is lost, no
 // later than Until() - TTL/10, even while an extension still waits for
 // nodes; no extension is tried after that, so a lost lock is never revived.
-// It is also cancelled when ctx ends, which stops the extensions too.
+// It is also cancelled when ctx ends, which stops the extensions too, and
+// when l is released (Release ends the extensions; stop then returns nil).
 // Each extension is a trace of its own (its redlock.Extend span and round),
 // linked to ctx's span: a hold of hours does not grow one trace without
 // bound, and each extension can be seen as soon as it ends.
 //
 // stop ends the extensions, waits for the goroutine Keep started, cancels
 // the returned context, and returns the loss (matching ErrLockLost) or nil.
-// It does not release the lock. Later calls of stop return the same
-// result. Only ExtendEvery among the LockOptions applies here. Keep on a nil
-// Lock returns ctx and a stop that reports ErrInvalidArgument.
+// It does not release the lock: call it, then Release. Later calls of stop
+// return the same result. Only ExtendEvery among the LockOptions applies
+// here. One Keep per Lock is enough; each Keep extends on its own schedule.
+// Keep on a nil Lock returns ctx and a stop that reports
+// ErrInvalidArgument.
 func (l *Lock) Keep(ctx context.Context, opts ...LockOption) (kctx context.Context, stop func() error) {
 	if l == nil {
 		err := invalidf("Keep called on a nil *Lock")
@@ -83,15 +91,10 @@ func (l *Lock) Keep(ctx context.Context, opts ...LockOption) (kctx context.Conte
 			o.applyLock(&cfg)
 		}
 	}
-	ttl := l.TTL()
-	every := ttl / 3
-	if cfg.extendEvery > 0 {
-		every = min(cfg.extendEvery, ttl*8/10)
-	}
 	kctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))
 	quit := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- l.keepAlive(kctx, quit, cancel, every) }()
+	go func() { done <- l.keepAlive(kctx, quit, cancel, cfg.extendEvery) }()
 	var once sync.Once
 	var lost error
 	return kctx, func() error {
@@ -115,20 +118,25 @@ func FromContext(ctx context.Context) (l *Lock, ok bool) {
 	return l, ok
 }
 
-// keepAlive extends l every `every` until stop is closed, and cancels fn's
-// ctx through cancel when the lock is lost. It returns the loss, or nil.
+// keepAlive extends l until stop is closed, ctx ends or l is released: by
+// its current TTL, each time `every` (ExtendEvery; 0: TTL/3) has passed
+// since the last extension, and cancels fn's ctx through cancel when the
+// lock is lost. It re-reads the Lock whenever Until, TTL or the state
+// change (Lock.watch). It returns the loss, or nil.
 func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel context.CancelCauseFunc, every time.Duration) error {
-	ttl := l.TTL()
-	margin := ttl / 10
-	retry := max(ttl/10, time.Millisecond)
-	next := l.Until().Add(every - ttl)
-	var failed error // the last extension's failure since the last success
+	var failed error      // the last extension's failure since the last success
+	var retryAt time.Time // when failed: the next try
 	for {
-		deadline := l.Until().Add(-margin)
-		if next.After(deadline) {
-			next = deadline
+		state, until, ttl, changed := l.watch()
+		if state != stateHeld {
+			return l.keepEnded(ctx, cancel, state, failed)
 		}
-		t := time.NewTimer(time.Until(next))
+		deadline := until.Add(-ttl / 10)
+		next := until.Add(extendEvery(every, ttl) - ttl) // the last extension's start + every
+		if failed != nil {
+			next = retryAt
+		}
+		t := time.NewTimer(min(time.Until(next), time.Until(deadline)))
 		select {
 		case <-stop:
 			t.Stop()
@@ -136,6 +144,9 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-changed: // an Extend or Release of the caller's
+			t.Stop()
+			continue
 		case <-t.C:
 		}
 		if !time.Now().Before(deadline) {
@@ -151,12 +162,15 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 			dt.Stop()
 			switch {
 			case err == nil:
-				next, failed = l.Until().Add(every-ttl), nil
+				failed = nil
 			case errors.Is(err, ErrLockLost):
+				if state, _, _, _ := l.watch(); state == stateReleased { // released meanwhile: not lost
+					return l.keepEnded(ctx, cancel, state, nil)
+				}
 				return l.lose(ctx, cancel, err)
 			default:
 				l.c.log.Debug("redlock: extension failed; retrying", "resources", l.resources, "err", err)
-				next, failed = time.Now().Add(retry), err
+				failed, retryAt = err, time.Now().Add(max(ttl/10, time.Millisecond))
 			}
 		case <-dt.C:
 			err := l.lose(ctx, cancel, l.lostErr("an extension was still waiting for the nodes", failed))
@@ -168,6 +182,26 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 			return nil
 		}
 	}
+}
+
+// keepEnded ends Keep for a lock no longer held: released by its owner
+// (the kept context is cancelled, no loss), or found lost by an Extend
+// (a loss, as lose).
+func (l *Lock) keepEnded(ctx context.Context, cancel context.CancelCauseFunc, state lockState, failed error) error {
+	if state == stateReleased {
+		cancel(nil)
+		return nil
+	}
+	return l.lose(ctx, cancel, l.lostErr("an Extend found it lost", failed))
+}
+
+// extendEvery returns the time from one extension to the next for ttl:
+// every (ExtendEvery) when set, at most 0.8 x ttl; else ttl/3.
+func extendEvery(every, ttl time.Duration) time.Duration {
+	if every > 0 {
+		return min(every, ttl*8/10)
+	}
+	return ttl / 3
 }
 
 // lostErr is the error of a lock that Keep gives up on because of what

@@ -36,7 +36,7 @@ type Lock struct {
 	// mu guards the fields below; it is never held during I/O. Writers:
 	// nextAttempt (value, aid), attempt (pending -> held), end (->
 	// released), Extend (until, ttl; -> lost), Release (-> released), lose
-	// (-> lost).
+	// (-> lost); watch and changedLocked (changed).
 	mu      sync.Mutex
 	state   lockState
 	value   string // the last attempt's value: the held lock's once held
@@ -44,6 +44,7 @@ type Lock struct {
 	ttl     time.Duration
 	until   time.Time
 	granted time.Time
+	changed chan struct{} // closed at the next change of state, until or ttl; nil when nobody watches
 }
 
 type lockState int
@@ -237,6 +238,27 @@ func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
 		l.c.tel.holdEnded(ctx, time.Since(l.granted), to == stateLost || !time.Now().Before(l.until))
 	}
 	l.state = to
+	l.changedLocked()
+}
+
+// changedLocked tells the watchers (watch) that the state, until or ttl
+// changed. l.mu is held.
+func (l *Lock) changedLocked() {
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+}
+
+// watch returns the state, Until and TTL, and a channel that is closed at
+// their next change (Keep follows them).
+func (l *Lock) watch() (state lockState, until time.Time, ttl time.Duration, changed <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return l.state, l.until, l.ttl, l.changed
 }
 
 // checkHeld returns the current value and acquisition ID, or ErrLockLost
@@ -315,6 +337,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 			return wrapf([]error{ErrLockLost}, "%s lost: the nodes took longer than its %v TTL to confirm the extension", lockName(l.resources), ttl)
 		}
 		l.until, l.ttl = start.Add(ttl-c.drift(ttl)), ttl
+		l.changedLocked()
 		return nil
 	case count(rs, OutcomeHeld) > len(rs)-c.quorum:
 		l.setStateLocked(ctx, stateLost)
@@ -324,11 +347,12 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	// the nodes that did not answer, so a shorter TTL may hold there now.
 	if u := start.Add(ttl - c.drift(ttl)); u.Before(l.until) {
 		l.until = u
+		l.changedLocked()
 	}
 	switch {
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
-		q := newQuorumError("extend", l.resources, c.quorum, rs, true)
+		q := newQuorumError("extend", l.resources, c.quorum, rs, ctx.Err() == nil) // unknown because of the nodes, unless ctx cut it
 		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the extension: %s",
 			lockName(l.resources), q.body())
 	case ctx.Err() != nil: // the caller gave up: not the nodes' failure
@@ -382,7 +406,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 		return nil
 	case expired || prev == stateLost:
 		q := newQuorumError("release", l.resources, c.quorum, rs, false)
-		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity had ended before Release (its keys are deleted where they remained): %s",
+		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the release (its keys are deleted where they remained): %s",
 			lockName(l.resources), q.body())
 	case count(rs, OutcomeHeld) > len(rs)-c.quorum:
 		return newQuorumError("release", l.resources, c.quorum, rs, false, ErrLockLost)

@@ -139,7 +139,8 @@ func (d nodeTimeoutOption) applyLock(l *lockConfig) {
 // as validity (TTL - elapsed - drift); a weaker grant is refused and released
 // on every node, and the round counts as failed. Default 0.5; 0 accepts any
 // positive validity (the bare rule of the redis.io page, step 4). New rejects
-// f outside [0, 1).
+// f outside [0, 1), and f that adds up to 1 or more with the drift factor
+// (no TTL would do).
 func WithMinValidity(f float64) Option {
 	return clientOption(func(c *config) { c.minValidity = f })
 }

@@ -537,3 +537,104 @@ func TestSplitHoldersWithoutMetadataNameNoHolder(t *testing.T) {
 		t.Errorf("HolderMetadata() = %q, true for two locks on one node each; want no holder", md)
 	}
 }
+
+// TestKeepFollowsAShorteningExtend: an Extend of the caller's that
+// shortens a kept lock moves Keep's schedule with it. Keep slept on the
+// Until it had read, so the lock expired while the kept context was live,
+// and another Client took it (found by an adversarial helper).
+func TestKeepFollowsAShorteningExtend(t *testing.T) {
+	for _, viaDo := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Keep", true: "Do"}[viaDo], func(t *testing.T) {
+			cl := redlocktest.Start(t, 3)
+			a, b := newClient(t, cl.Clients(t)), newClient(t, cl.Clients(t))
+			ctx := context.Background()
+			work := func(kctx context.Context) error {
+				l, _ := redlock.FromContext(kctx)
+				if err := l.Extend(kctx, 200*time.Millisecond); err != nil {
+					return err
+				}
+				for end := time.Now().Add(time.Second); time.Now().Before(end) && kctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+					l2, err := b.TryAcquire(ctx, []string{"r"}, time.Second)
+					if err != nil {
+						continue
+					}
+					if kctx.Err() == nil {
+						t.Errorf("another Client acquired r while the kept context was live, %v after Until",
+							time.Since(l.Until()).Round(time.Millisecond))
+					}
+					_ = l2.Release(ctx)
+					return nil
+				}
+				return nil
+			}
+			if viaDo {
+				if err := a.Do(ctx, []string{"r"}, 3*time.Second, work); err != nil {
+					t.Errorf("Do = %v", err)
+				}
+				return
+			}
+			l, err := a.Acquire(ctx, []string{"r"}, 3*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kctx, stop := l.Keep(ctx)
+			if err := work(kctx); err != nil {
+				t.Error(err)
+			}
+			if err := stop(); err != nil {
+				t.Errorf("stop = %v, want nil (Keep kept the lock)", err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("Release = %v", err)
+			}
+		})
+	}
+}
+
+// TestReleaseUnderKeepIsNotALoss: a Release while Keep runs ends the
+// extensions and cancels the kept context; stop returns nil. Keep's next
+// extension found the lock "already released" and reported a loss (found
+// by an adversarial helper).
+func TestReleaseUnderKeepIsNotALoss(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.Acquire(ctx, []string{"r"}, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, stop := l.Keep(ctx)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-kctx.Done()
+	if cause := context.Cause(kctx); errors.Is(cause, redlock.ErrLockLost) {
+		t.Errorf("kept context's cause after Release = %v, want no loss", cause)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("stop after Release = %v, want nil", err)
+	}
+}
+
+// TestShortWaitsDoNotMarkNodesDown: a round that waits less than the
+// Client's node timeout (a call's own shorter WithNodeTimeout, an extend
+// round cut at Until) says nothing about the nodes, and marks none down.
+// Every node was marked down, so the retrying Acquires of the same Client
+// then decided their rounds at once, counting the nodes failed before they
+// could answer (found by an adversarial helper).
+func TestShortWaitsDoNotMarkNodesDown(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	for range 5 {
+		_, err := c.TryAcquire(ctx, []string{"r"}, time.Second, redlock.WithNodeTimeout(time.Microsecond))
+		if !errors.Is(err, redlock.ErrUnavailable) {
+			t.Fatalf("TryAcquire with a 1µs node timeout = %v, want ErrUnavailable", err)
+		}
+		for i := range c.Nodes() {
+			if redlock.Down(c, i) {
+				t.Fatalf("node %d is marked down after a round that waited 1µs for it", i)
+			}
+		}
+	}
+}

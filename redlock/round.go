@@ -66,6 +66,7 @@ type roundState struct {
 	cancel  context.CancelFunc
 	spec    roundSpec
 	start   time.Time
+	end     time.Time // when the round stops waiting: the node timeout, or spec.deadline
 	span    trace.Span
 
 	mu       sync.Mutex
@@ -95,6 +96,7 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
 		end = spec.deadline
 	}
+	rs.end = end
 	if spec.cleanup {
 		rs.callCtx, rs.cancel = context.WithCancel(context.WithoutCancel(rs.ctx))
 	} else {
@@ -235,7 +237,9 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
 		r = NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
 	case isTimeout(err):
 		r = NodeResult{Outcome: OutcomeTimeout, Err: rs.timedOut(err)}
-		p.down.Store(true)
+		if rs.waitedNodeTimeout() {
+			p.down.Store(true)
+		}
 	default:
 		r = NodeResult{Outcome: OutcomeError, Err: err}
 	}
@@ -315,13 +319,21 @@ func (rs *roundState) finish() []NodeResult {
 			r.Outcome, r.Err, r.Latency = OutcomeTimeout, errDown, time.Since(rs.start)
 		default:
 			r.Outcome, r.Err, r.Latency, r.canceled = missing, cause, time.Since(rs.start), cut
-			if missing == OutcomeTimeout && !cut {
+			if missing == OutcomeTimeout && !cut && rs.waitedNodeTimeout() {
 				rs.c.peers[i].down.Store(true)
 			}
 		}
 	}
 	rs.c.tel.endRound(rs.ctx, rs.span, rs.spec, results, time.Since(rs.start), rs.c)
 	return results
+}
+
+// waitedNodeTimeout reports whether the round waits for each node at least
+// the Client's node timeout: only a node that did not answer in that time
+// is down (peer.down). A shorter wait (an extend round cut at Until, a
+// call's own shorter WithNodeTimeout) says nothing about the node.
+func (rs *roundState) waitedNodeTimeout() bool {
+	return rs.end.Sub(rs.start) >= rs.c.cfg.nodeTimeout
 }
 
 // errDown is the error of a node that a round did not wait for: it has not

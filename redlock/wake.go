@@ -84,8 +84,10 @@ type releaseSeen struct {
 
 // subscriber keeps one node's subscriptions equal to the wanted channels.
 type subscriber struct {
-	kick chan struct{} // 1-buffered: the wanted channels changed
-	stop chan struct{} // closed by close
+	kick   chan struct{}   // 1-buffered: the wanted channels changed
+	stop   chan struct{}   // closed by close
+	ctx    context.Context // of its commands and dials; ended by close
+	cancel context.CancelFunc
 }
 
 func newWaker(c *Client) *waker {
@@ -278,6 +280,7 @@ func (w *waker) kickLocked() {
 				continue
 			}
 			s := &subscriber{kick: make(chan struct{}, 1), stop: make(chan struct{})}
+			s.ctx, s.cancel = context.WithCancel(context.Background())
 			w.subs[i] = s
 			w.wg.Go(func() { w.subscribe(p, s) })
 		}
@@ -296,6 +299,7 @@ func (w *waker) close() {
 	for i, s := range w.subs {
 		if s != nil {
 			close(s.stop)
+			s.cancel()
 			w.subs[i] = nil
 		}
 	}
@@ -378,10 +382,11 @@ func (kw *keyWatch) wakeOne() {
 // none is wanted or the waker closes. A second goroutine receives; all I/O
 // happens in these two, never in an Acquire.
 func (w *waker) subscribe(p *peer, s *subscriber) {
+	defer s.cancel()
 	var ps *redis.PubSub
 	received := make(chan struct{})
 	have := map[string]bool{}
-	ctx := context.Background()
+	ctx := s.ctx // close ends a dial or command in progress
 	for w.next(p, s) {
 		add, drop := w.diff(have)
 		switch {
@@ -393,7 +398,7 @@ func (w *waker) subscribe(p *peer, s *subscriber) {
 				return
 			default:
 			}
-			w.wg.Go(func() { defer close(received); w.receive(p, ps, s.stop) })
+			w.wg.Go(func() { defer close(received); w.receive(ctx, p, ps, s.stop) })
 		case len(add) > 0:
 			_ = ps.Subscribe(ctx, add...) // on error, go-redis subscribes again on its next connection
 		}
@@ -444,11 +449,11 @@ func (w *waker) diff(have map[string]bool) (add, drop []string) {
 }
 
 // receive delivers p's release notices and subscription confirmations
-// until ps is closed.
-func (w *waker) receive(p *peer, ps *redis.PubSub, stop <-chan struct{}) {
+// until ps is closed, or stop once a receive failed.
+func (w *waker) receive(ctx context.Context, p *peer, ps *redis.PubSub, stop <-chan struct{}) {
 	pause := wakeRetry
 	for {
-		msg, err := ps.Receive(context.Background())
+		msg, err := ps.Receive(ctx)
 		if errors.Is(err, redis.ErrClosed) {
 			return
 		}
