@@ -15,8 +15,8 @@ import (
 // Lock is a lock held on a quorum of nodes, as returned by Acquire and
 // TryAcquire. Its methods are safe for concurrent use: Extend and Release
 // of one Lock run one at a time, so that Until never runs ahead of what a
-// quorum of nodes holds. The lock value
-// (a random 128-bit owner token) is never exposed or logged.
+// quorum of nodes holds. The lock value (a random 128-bit owner token) is
+// never exposed or logged.
 type Lock struct {
 	c         *Client
 	cfg       lockConfig
@@ -287,8 +287,8 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // keys), and on success moves Until to this round's start + ttl - drift.
 // ttl is rounded down to whole milliseconds. It never creates a key, its
 // calls still queued for a node when Until passes are dropped, and it obeys
-// every limit of Acquire (the TTL's range and the restart gate). Concurrent Extend and Release calls on one
-// Lock run one after the other.
+// every limit of Acquire (the TTL's range and the restart gate). Concurrent
+// Extend and Release calls on one Lock run one after the other.
 //
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
