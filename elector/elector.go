@@ -143,8 +143,9 @@ func OnStoppedLeading(f func()) Option {
 
 // OnNewLeader sets a function called on Run's goroutine when the observed
 // leader changes: when this candidate becomes leader (with its own
-// identity), or when a campaign finds the lease held by another identity.
-// It must not block for long.
+// identity), or when a campaign finds the lease held by another identity on
+// a quorum of nodes (which, as with Leader, may be a candidate whose late
+// grants are not undone yet). It must not block for long.
 func OnNewLeader(f func(identity string)) Option { return func(c *config) { c.onNewLeader = f } }
 
 // Elector campaigns for the leadership of one named election among all
@@ -309,7 +310,10 @@ func TermFromContext(ctx context.Context) (term uint64, ok bool) {
 }
 
 // Leader returns the identity of the current leader as seen by a quorum of
-// nodes, with one round of reads. Errors: ErrNoLeader when no candidate
+// nodes, with one round of reads. It reports what the nodes hold: a
+// candidate whose grants reached a quorum only after its own campaign gave
+// up (links slower than the node timeout) holds the lease there, without
+// leading, until its undo arrives, and is reported meanwhile. Errors: ErrNoLeader when no candidate
 // holds the lease on a quorum; an error matching redlock.ErrUnavailable
 // when the nodes that failed leave that unknown (redlock.Client.Holder).
 func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
@@ -331,7 +335,9 @@ func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 // then campaigns again. When ctx ends it resigns (releases the lease, so
 // that another candidate leads within its retry period rather than after the
 // TTL), waits for its callbacks, and returns nil. It returns ErrRunning if
-// Run is already running for e. Nothing Run starts outlives it.
+// Run is already running for e, and an error matching redlock.ErrClosed
+// when a campaign finds the redlock.Client closed (no campaign can succeed
+// then). Nothing Run starts outlives it.
 func (e *Elector) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -364,6 +370,9 @@ func (e *Elector) Run(ctx context.Context) error {
 			span.SetStatus(codes.Error, err.Error())
 		}
 		span.End()
+		if errors.Is(err, redlock.ErrClosed) {
+			return &textError{msg: fmt.Sprintf("elector: campaign for %q stopped: the redlock client is closed", e.name), errs: []error{err}}
+		}
 		if ctx.Err() == nil && !errors.Is(err, redlock.ErrNotAcquired) {
 			e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
 		}

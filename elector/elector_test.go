@@ -707,3 +707,37 @@ func TestTermEndSaysWhenTheResignationFailed(t *testing.T) {
 			tracing.SpanTermEnded, outcome, end.Status(), tracing.OutcomeResigned)
 	}
 }
+
+// TestRunOnAClosedClientReturns: Run stops with an error matching
+// redlock.ErrClosed once its Client is closed, whether it led or not. It
+// went on campaigning without a word until its ctx ended (found by an
+// adversarial helper).
+func TestRunOnAClosedClientReturns(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	client, err := redlock.New(cl.Clients(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := elector.New(client, "x", elector.WithLeaseTTL(time.Second), elector.WithRetryPeriod(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	for e.IsLeader(ctx) != nil && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := client.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, redlock.ErrClosed) {
+			t.Errorf("Run = %v, want an error matching redlock.ErrClosed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Run still campaigning 20s after its Client was closed")
+	}
+}

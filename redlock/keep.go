@@ -152,34 +152,51 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 		if !time.Now().Before(deadline) {
 			return l.lose(ctx, cancel, l.lostErr("no extension reached a quorum", failed))
 		}
-		// Extend in its own goroutine so that the deadline holds even while
-		// nodes hang: the round itself is bounded by the node timeout.
-		res := make(chan error, 1)
-		go func() { res <- l.Extend(newTrace(context.WithoutCancel(ctx)), ttl) }()
-		dt := time.NewTimer(time.Until(deadline))
+		done, err := l.extendKept(ctx, stop, cancel, ttl, failed)
+		switch {
+		case done:
+			return err
+		case err != nil:
+			l.c.log.Debug("redlock: extension failed; retrying", "resources", l.resources, "err", err)
+			failed, retryAt = err, time.Now().Add(max(ttl/10, time.Millisecond))
+		default:
+			failed = nil
+		}
+	}
+}
+
+// extendKept runs one of Keep's extensions, by ttl, in its own goroutine,
+// so that Keep's deadline (Until - TTL/10 of the Lock as it is, followed
+// while the Extend waits, e.g. behind a shortening Extend of the caller's)
+// holds even while nodes hang: the round itself is bounded by the node
+// timeout. done says that Keep ends, with err (the loss, or nil); else err
+// is the extension's failure to retry, or nil.
+func (l *Lock) extendKept(ctx context.Context, stop <-chan struct{}, cancel context.CancelCauseFunc, ttl time.Duration, failed error) (done bool, err error) {
+	res := make(chan error, 1)
+	go func() { res <- l.Extend(newTrace(context.WithoutCancel(ctx)), ttl) }()
+	for {
+		_, until, lttl, changed := l.watch()
+		dt := time.NewTimer(time.Until(until.Add(-lttl / 10)))
 		select {
 		case err := <-res:
 			dt.Stop()
-			switch {
-			case err == nil:
-				failed = nil
-			case errors.Is(err, ErrLockLost):
-				if state, _, _, _ := l.watch(); state == stateReleased { // released meanwhile: not lost
-					return l.keepEnded(ctx, cancel, state, nil)
-				}
-				return l.lose(ctx, cancel, err)
-			default:
-				l.c.log.Debug("redlock: extension failed; retrying", "resources", l.resources, "err", err)
-				failed, retryAt = err, time.Now().Add(max(ttl/10, time.Millisecond))
+			if !errors.Is(err, ErrLockLost) {
+				return false, err
 			}
+			if state, _, _, _ := l.watch(); state == stateReleased { // released meanwhile: not lost
+				return true, l.keepEnded(ctx, cancel, state, nil)
+			}
+			return true, l.lose(ctx, cancel, err)
+		case <-changed:
+			dt.Stop()
 		case <-dt.C:
 			err := l.lose(ctx, cancel, l.lostErr("an extension was still waiting for the nodes", failed))
 			<-res
-			return err
+			return true, err
 		case <-stop:
 			dt.Stop()
 			<-res
-			return nil
+			return true, nil
 		}
 	}
 }

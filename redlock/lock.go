@@ -199,9 +199,9 @@ func (l *Lock) Metadata() string {
 
 // Until returns the local validity deadline: the start of the last
 // successful acquire or extend round + TTL - drift, on this process's
-// monotonic clock (redis.io distlock spec, step 3), or earlier when an
-// Extend that no quorum confirmed would have ended the lock sooner (see
-// Extend). Work guarded by the lock must end before it. Zero for a nil
+// monotonic clock (redis.io distlock spec, step 3), or earlier while an
+// Extend to a shorter TTL runs, and after one that no quorum confirmed
+// (see Extend). Work guarded by the lock must end before it. Zero for a nil
 // Lock.
 func (l *Lock) Until() time.Time {
 	if l == nil {
@@ -212,7 +212,9 @@ func (l *Lock) Until() time.Time {
 	return l.until
 }
 
-// TTL returns the TTL of the last successful acquire or extend.
+// TTL returns the TTL behind Until: that of the last successful acquire
+// or extend, or of a shorter Extend in progress or unconfirmed (see
+// Extend).
 func (l *Lock) TTL() time.Duration {
 	if l == nil {
 		return 0
@@ -295,10 +297,11 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // or too many nodes no longer hold it; ctx's cause (with the round's
 // *QuorumError) when ctx ended first; otherwise a *QuorumError matching
 // ErrUnavailable (nodes failed, so no quorum confirmed the extension). In
-// the last two cases the lock stays valid until Until, which such an
-// Extend moves earlier to its own start + ttl - drift when that is
-// earlier (its scripts may have run where no answer came). Bounded by the
-// node timeout; ctx can end it sooner.
+// the last two cases the lock stays valid until Until. An Extend to a TTL
+// that ends sooner than Until moves Until (and TTL) to its own start + ttl
+// - drift before it sends, since a node may run its script before any
+// answer comes, and leaves them there when it fails. Bounded by the node
+// timeout; ctx can end it sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend called on a nil *Lock")
@@ -315,7 +318,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
-	value, _, until, err := l.checkHeld(ctx)
+	value, _, _, err := l.checkHeld(ctx)
 	if err != nil {
 		return err
 	}
@@ -324,6 +327,16 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 		reentrant = "1"
 	}
 	start := time.Now()
+	// A node may run the script before any answer comes back: from now on
+	// a shorter TTL may hold there, so Until and TTL move to it before the
+	// round, and stay there unless a quorum confirms.
+	l.mu.Lock()
+	if u := start.Add(ttl - c.drift(ttl)); u.Before(l.until) {
+		l.until, l.ttl = u, ttl
+		l.changedLocked()
+	}
+	until := l.until
+	l.mu.Unlock()
 	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: l.ownedKeys(),
 		args: []any{value, ttl.Milliseconds(), reentrant}, parse: parseInt(1), deadline: until})
 	l.mu.Lock()
@@ -343,12 +356,8 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 		l.setStateLocked(ctx, stateLost)
 		return newQuorumError("extend", l.resources, c.quorum, rs, false, ErrLockLost)
 	}
-	// Not confirmed, not lost for sure: the scripts may still have run on
-	// the nodes that did not answer, so a shorter TTL may hold there now.
-	if u := start.Add(ttl - c.drift(ttl)); u.Before(l.until) {
-		l.until = u
-		l.changedLocked()
-	}
+	// Not confirmed, not lost for sure: Until stays where it is (moved to
+	// a shorter TTL before the round).
 	switch {
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
