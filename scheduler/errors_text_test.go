@@ -194,6 +194,11 @@ func TestLockErrorTexts(t *testing.T) {
 	_, err = b.Lock(ctx, "")
 	checkText(t, "Lock of an empty name", err,
 		`scheduler: job name is not stable across instances: the job has no name; name it with gocron.WithName`, scheduler.ErrUnstableName)
+	// A NUL byte: accepted, then every tick failed with redlock's error
+	// about a resource name (found by an adversarial helper).
+	_, err = b.Lock(ctx, "bad\x00name")
+	checkText(t, "Lock of a name with a NUL byte", err,
+		`scheduler: invalid argument: job name "bad\x00name" contains a NUL byte; name the job without one`, redlock.ErrInvalidArgument)
 }
 
 func TestNewJobErrorTexts(t *testing.T) {
@@ -208,6 +213,10 @@ func TestNewJobErrorTexts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, err = s.NewJob(gocron.CronJob("* * * * * *", true), task, gocron.WithName("bad\x00name"))
+	checkText(t, "NewJob of a name with a NUL byte", err,
+		`scheduler: invalid argument: job name "bad\x00name" contains a NUL byte; name the job without one`, redlock.ErrInvalidArgument)
+
 	_, err = s.NewJob(gocron.CronJob("* * * * * *", true), task, gocron.WithName("report"))
 	checkText(t, "NewJob of a name taken", err,
 		`scheduler: duplicate job name: job `+first.ID().String()+` is already named "report"`, scheduler.ErrDuplicateName)

@@ -171,13 +171,18 @@ func redlockText(err error) string { return strings.TrimPrefix(err.Error(), "red
 // values (runtime function names such as main.main.func1, pkg.T.M-fm).
 var unstableName = regexp.MustCompile(`\.func\d+(\.\d+)*$|-fm$`)
 
-// checkName returns ErrUnstableName for names that differ between builds.
+// checkName returns ErrUnstableName for names that differ between builds,
+// and an error matching redlock.ErrInvalidArgument for a name that no
+// Redis key of redlock can hold (a NUL byte).
 func checkName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("%w: the job has no name; name it with gocron.WithName", ErrUnstableName)
 	case unstableName.MatchString(name):
 		return fmt.Errorf("%w: %q is gocron's default name for an unnamed function; name the job with gocron.WithName", ErrUnstableName, name)
+	case strings.ContainsRune(name, 0):
+		return &textError{msg: fmt.Sprintf("scheduler: invalid argument: job name %q contains a NUL byte; name the job without one", name),
+			errs: []error{redlock.ErrInvalidArgument}}
 	}
 	return nil
 }
@@ -235,7 +240,8 @@ const lockMargin = 250 * time.Millisecond
 // the redlock *QuorumError) when too many Redis nodes still failed at the
 // lock timeout; ErrStopped, with ctx's cause, when ctx ended (gocron
 // stopped the job), never ErrUnavailable then; ErrUnstableName, for every
-// tick, for an empty name or gocron's default name of an unnamed function.
+// tick, for an empty name or gocron's default name of an unnamed function,
+// and redlock.ErrInvalidArgument for a name with a NUL byte.
 // Lock never returns (nil, nil).
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	tick := l.Tick(key)
@@ -245,7 +251,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		trace.WithAttributes(tracing.Job.String(key), tracing.Tick.String(tick.Format(tickFormat)),
 			tracing.Instance.String(l.cfg.instance)))
 	if err := checkName(key); err != nil {
-		l.warn(ctx, warnUnstableName, key, "scheduler: job skipped: its name is not stable across builds; name it with gocron.WithName", "err", err)
+		l.warn(ctx, warnUnstableName, key, "scheduler: job skipped: its name is not stable across builds, or not valid; name it with gocron.WithName", "err", err)
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
@@ -526,13 +532,26 @@ func recordHolder(span trace.Span, err error) {
 // lockError classifies a failed acquisition of job's tick.
 func (l *Locker) lockError(job string, tick time.Time, err error) error {
 	e := &tickError{job: job, tick: tick, err: err}
+	var q *redlock.QuorumError
 	switch {
 	case errors.Is(err, ErrStopped):
 		e.kind = tickStopped
 	case errors.Is(err, redlock.ErrUnavailable):
 		e.kind = tickUnavailable
+	case errors.As(err, &q) && q.Count(redlock.OutcomeHeld)+failedNodes(q) >= q.Quorum:
+		// Refused without a quorum for one holder, and the nodes that
+		// failed could complete one: whether the tick was taken is unknown.
+		e.kind = tickUnavailable
+		e.err = &textError{errs: []error{redlock.ErrUnavailable, err},
+			msg: "the nodes that failed leave unknown whether another instance took the tick: " + redlockText(err)}
 	}
 	return e
+}
+
+// failedNodes returns the number of q's nodes that failed (an error, no
+// answer, a restart gate).
+func failedNodes(q *redlock.QuorumError) int {
+	return q.Count(redlock.OutcomeError) + q.Count(redlock.OutcomeTimeout) + q.Count(redlock.OutcomeGated)
 }
 
 // tickError is the error of a Lock that did not take its tick. Its
