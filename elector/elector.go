@@ -313,9 +313,10 @@ func TermFromContext(ctx context.Context) (term uint64, ok bool) {
 // nodes, with one round of reads. It reports what the nodes hold: a
 // candidate whose grants reached a quorum only after its own campaign gave
 // up (links slower than the node timeout) holds the lease there, without
-// leading, until its undo arrives, and is reported meanwhile. Errors: ErrNoLeader when no candidate
-// holds the lease on a quorum; an error matching redlock.ErrUnavailable
-// when the nodes that failed leave that unknown (redlock.Client.Holder).
+// leading, until its undo arrives, and is reported meanwhile. Errors:
+// ErrNoLeader when no candidate holds the lease on a quorum; an error
+// matching redlock.ErrUnavailable when the nodes that failed leave that
+// unknown (redlock.Client.HolderMetadata).
 func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 	id, held, err := e.client.HolderMetadata(ctx, e.res)
 	switch {

@@ -406,11 +406,13 @@ func TestExtendAfterDeadlineNeverRecreatesKeys(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
 	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, []string{"r"}, 50*time.Millisecond)
+	// 300 ms: a grant must leave half its TTL, which a 50 ms TTL may not
+	// under load; then past Until and the nodes' expiry.
+	l, err := c.TryAcquire(ctx, []string{"r"}, 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(80 * time.Millisecond)
+	time.Sleep(time.Until(l.Until()) + 150*time.Millisecond)
 	if err := l.Extend(ctx, 10*time.Second); !errors.Is(err, redlock.ErrLockLost) {
 		t.Errorf("Extend after Until = %v, want ErrLockLost", err)
 	}

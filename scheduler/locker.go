@@ -498,7 +498,7 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 		outcome = tracing.OutcomeSkippedStopped
 	default:
 		outcome = "skipped"
-		if errors.Is(err, ErrUnstableName) {
+		if errors.Is(err, ErrUnstableName) || errors.Is(err, redlock.ErrInvalidArgument) {
 			outcome = tracing.OutcomeSkippedMisconfigured
 		}
 		if span.IsRecording() {
@@ -538,7 +538,7 @@ func (l *Locker) lockError(job string, tick time.Time, err error) error {
 		e.kind = tickStopped
 	case errors.Is(err, redlock.ErrUnavailable):
 		e.kind = tickUnavailable
-	case errors.As(err, &q) && q.Count(redlock.OutcomeHeld)+failedNodes(q) >= q.Quorum:
+	case errors.As(err, &q) && holderUnknown(q):
 		// Refused without a quorum for one holder, and the nodes that
 		// failed could complete one: whether the tick was taken is unknown.
 		e.kind = tickUnavailable
@@ -548,10 +548,19 @@ func (l *Locker) lockError(job string, tick time.Time, err error) error {
 	return e
 }
 
-// failedNodes returns the number of q's nodes that failed (an error, no
-// answer, a restart gate).
-func failedNodes(q *redlock.QuorumError) int {
-	return q.Count(redlock.OutcomeError) + q.Count(redlock.OutcomeTimeout) + q.Count(redlock.OutcomeGated)
+// holderUnknown reports whether q's failed nodes (an error, no answer, a
+// restart gate), counted as holding, would complete a quorum for the holder
+// that most nodes named.
+func holderUnknown(q *redlock.QuorumError) bool {
+	failed := q.Count(redlock.OutcomeError) + q.Count(redlock.OutcomeTimeout) + q.Count(redlock.OutcomeGated)
+	votes, best := map[string]int{}, 0
+	for _, r := range q.Nodes {
+		if r.Outcome == redlock.OutcomeHeld {
+			votes[r.Holder]++
+			best = max(best, votes[r.Holder])
+		}
+	}
+	return failed > 0 && best > 0 && best+failed >= q.Quorum
 }
 
 // tickError is the error of a Lock that did not take its tick. Its
