@@ -34,8 +34,7 @@ var (
 	// "someone else holds the lock". Calls that the caller's own ctx cut
 	// short are not failures of their nodes. A failed acquisition can match
 	// both ErrNotAcquired and ErrUnavailable. An Extend that fails this way
-	// leaves the lock valid until its Until(), which it moves earlier when
-	// its own TTL would end sooner (see Lock.Extend).
+	// leaves the lock valid until its unchanged Until().
 	ErrUnavailable = errors.New("redlock: quorum unavailable")
 
 	// ErrInvalidArgument matches errors about bad configuration or input,

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 )
@@ -31,12 +33,13 @@ func cancelledAt(t *testing.T, ctx context.Context) func() time.Time {
 	}
 }
 
-// TestShorteningExtendInFlightMovesUntilFirst: an Extend to a shorter TTL
-// whose answers are slow has already run its script on the nodes, whose
-// keys then expire with the short TTL. Until kept the old deadline until the
-// Extend returned, so another Client took the lock while Until was seconds
-// ahead and the kept context was live.
-func TestShorteningExtendInFlightMovesUntilFirst(t *testing.T) {
+// TestShorteningExtendInFlightKeepsExclusion: an Extend to a shorter TTL
+// whose answers are slow has already run its script on the nodes. Their
+// keys then expired with the short TTL while Until kept the old deadline
+// until the Extend returned, so another Client took the lock while Until
+// was seconds ahead and the kept context was live. The nodes now never
+// lower a TTL.
+func TestShorteningExtendInFlightKeepsExclusion(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	nodes, proxies := cl.ProxiedClients(t)
 	a, b := newClient(t, nodes), newClient(t, cl.Clients(t))
@@ -72,11 +75,13 @@ func TestShorteningExtendInFlightMovesUntilFirst(t *testing.T) {
 	t.Logf("Extend = %v", <-extended)
 }
 
-// TestKeepInFlightFollowsAMovedDeadline: Keep's extension waits behind an
-// Extend of the caller's that fails and moves Until earlier; the kept
-// context ends by Until - TTL/10 of the lock as it then is. The in-flight
-// extension kept the deadline it had read, and the context outlived Until.
-func TestKeepInFlightFollowsAMovedDeadline(t *testing.T) {
+// TestKeepInFlightAfterAFailedExtend: Keep's extension waits behind an
+// Extend of the caller's that fails, with every node blackholed; the kept
+// context ends by Until - TTL/10 of the lock as it then is, and stop
+// reports the loss. (When Extend still moved Until earlier on failure, the
+// in-flight extension kept the deadline it had read, and the context
+// outlived Until.)
+func TestKeepInFlightAfterAFailedExtend(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	nodes, proxies := cl.ProxiedClients(t)
 	a := newClient(t, nodes)
@@ -114,10 +119,10 @@ func TestKeepInFlightFollowsAMovedDeadline(t *testing.T) {
 }
 
 // TestKeepAfterACancelledShorteningExtend: an Extend to a short TTL that
-// its ctx cancelled leaves Until at that TTL; Keep goes on extending by it
-// and reports no loss. Until moved but TTL did not, so Keep's margin
-// (TTL/10 of the old TTL) was past at once and it reported a loss with no
-// extension tried, while the lock was still held.
+// its ctx cancelled leaves Until and TTL as they were; Keep goes on and
+// reports no loss. (When Until moved but TTL did not, Keep's margin,
+// TTL/10 of the old TTL, was past at once and it reported a loss with no
+// extension tried, while the lock was still held.)
 func TestKeepAfterACancelledShorteningExtend(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	c, b := newClient(t, cl.Clients(t)), newClient(t, cl.Clients(t))
@@ -132,8 +137,8 @@ func TestKeepAfterACancelledShorteningExtend(t *testing.T) {
 	if err := l.Extend(cctx, 800*time.Millisecond); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Extend on a cancelled ctx = %v, want context.Canceled", err)
 	}
-	if got := l.TTL(); got != 800*time.Millisecond {
-		t.Errorf("TTL() = %v after a cancelled Extend to 800ms that moved Until, want 800ms", got)
+	if got := l.TTL(); got != 10*time.Second {
+		t.Errorf("TTL() = %v after a cancelled Extend to 800ms, want the 10s it had", got)
 	}
 	select {
 	case <-kctx.Done():
@@ -148,5 +153,50 @@ func TestKeepAfterACancelledShorteningExtend(t *testing.T) {
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Errorf("Release = %v", err)
+	}
+}
+
+// TestTimedOutShortExtendLandingLateKeepsExclusion: an Extend to 2s times
+// out (every link delays commands by 1s); a later Extend to 10s succeeds on
+// new connections (go-redis drops a connection whose command timed out
+// when ContextTimeoutEnabled is set); then the 2s scripts reach the nodes.
+// They set the keys' TTL to 2s while Until trusted the 10s: another Client
+// took the lock with Until 6.5s ahead (found by an adversarial helper).
+// The nodes never lower a TTL now.
+func TestTimedOutShortExtendLandingLateKeepsExclusion(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	var nodes []redis.UniversalClient
+	var proxies []*redlocktest.Proxy
+	for _, s := range cl {
+		p := redlocktest.NewProxy(t, s.Addr())
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = rdb.Close() })
+		nodes, proxies = append(nodes, rdb), append(proxies, p)
+	}
+	a, b := newClient(t, nodes, redlock.WithNodeTimeout(300*time.Millisecond)), newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := a.Acquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	for _, p := range proxies {
+		p.SetLatencyIn(redlocktest.ClientToNode, time.Second)
+	}
+	if err := l.Extend(ctx, 2*time.Second); err == nil {
+		t.Fatal("Extend through 1s-delayed links succeeded within a 300ms node timeout")
+	}
+	for _, p := range proxies {
+		p.Heal()
+	}
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatalf("Extend on healed links: %v", err)
+	}
+	time.Sleep(3500 * time.Millisecond) // the 2s scripts have landed, and 2s more passed
+	if l2, err := b.TryAcquire(ctx, []string{"r"}, time.Second); err == nil {
+		if left := time.Until(l.Until()); left > 0 {
+			t.Errorf("another Client acquired r while Until was %v ahead", left.Round(time.Millisecond))
+		}
+		_ = l2.Release(ctx)
 	}
 }

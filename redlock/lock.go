@@ -199,10 +199,8 @@ func (l *Lock) Metadata() string {
 
 // Until returns the local validity deadline: the start of the last
 // successful acquire or extend round + TTL - drift, on this process's
-// monotonic clock (redis.io distlock spec, step 3), or earlier while an
-// Extend to a shorter TTL runs, and after one that no quorum confirmed
-// (see Extend). Work guarded by the lock must end before it. Zero for a nil
-// Lock.
+// monotonic clock (redis.io distlock spec, step 3). Work guarded by the lock
+// must end before it. Zero for a nil Lock.
 func (l *Lock) Until() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -212,9 +210,7 @@ func (l *Lock) Until() time.Time {
 	return l.until
 }
 
-// TTL returns the TTL behind Until: that of the last successful acquire
-// or extend, or of a shorter Extend in progress or unconfirmed (see
-// Extend).
+// TTL returns the TTL of the last successful acquire or extend.
 func (l *Lock) TTL() time.Duration {
 	if l == nil {
 		return 0
@@ -283,10 +279,12 @@ func (l *Lock) checkHeld(ctx context.Context) (value, aid string, until time.Tim
 // ago says how long ago t was, rounded for people.
 func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
-// Extend sets the TTL of every key of the lock to ttl on the nodes where all
-// of them still hold this lock (owner-checked in one script per node; for a
-// reentrant lock it only raises TTLs, since the owner's holds share the
-// keys), and on success moves Until to this round's start + ttl - drift.
+// Extend raises the TTL of every key of the lock to ttl on the nodes where
+// all of them still hold this lock (owner-checked in one script per node),
+// and on success moves Until to this round's start + ttl - drift, earlier
+// for a shorter ttl. It never lowers a key's TTL: an Extend that timed out
+// may still reach a node after a later, longer one, and must not cut it
+// short, and a reentrant owner's holds share the keys.
 // ttl is rounded down to whole milliseconds. It never creates a key, its
 // calls still queued for a node when Until passes are dropped, and it obeys
 // every limit of Acquire (the TTL's range and the restart gate). Concurrent
@@ -297,11 +295,8 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // or too many nodes no longer hold it; ctx's cause (with the round's
 // *QuorumError) when ctx ended first; otherwise a *QuorumError matching
 // ErrUnavailable (nodes failed, so no quorum confirmed the extension). In
-// the last two cases the lock stays valid until Until. An Extend to a TTL
-// that ends sooner than Until moves Until (and TTL) to its own start + ttl
-// - drift before it sends, since a node may run its script before any
-// answer comes, and leaves them there when it fails. Bounded by the node
-// timeout; ctx can end it sooner.
+// the last two cases the lock stays valid until its unchanged Until.
+// Bounded by the node timeout; ctx can end it sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend called on a nil *Lock")
@@ -318,7 +313,7 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
-	value, _, _, err := l.checkHeld(ctx)
+	value, _, until, err := l.checkHeld(ctx)
 	if err != nil {
 		return err
 	}
@@ -327,16 +322,6 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 		reentrant = "1"
 	}
 	start := time.Now()
-	// A node may run the script before any answer comes back: from now on
-	// a shorter TTL may hold there, so Until and TTL move to it before the
-	// round, and stay there unless a quorum confirms.
-	l.mu.Lock()
-	if u := start.Add(ttl - c.drift(ttl)); u.Before(l.until) {
-		l.until, l.ttl = u, ttl
-		l.changedLocked()
-	}
-	until := l.until
-	l.mu.Unlock()
 	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: l.ownedKeys(),
 		args: []any{value, ttl.Milliseconds(), reentrant}, parse: parseInt(1), deadline: until})
 	l.mu.Lock()
@@ -356,8 +341,8 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 		l.setStateLocked(ctx, stateLost)
 		return newQuorumError("extend", l.resources, c.quorum, rs, false, ErrLockLost)
 	}
-	// Not confirmed, not lost for sure: Until stays where it is (moved to
-	// a shorter TTL before the round).
+	// Not confirmed, not lost for sure: Until stays, since the nodes never
+	// lower a TTL (scripts/extend.lua), so what they held still holds.
 	switch {
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
