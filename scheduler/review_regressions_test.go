@@ -15,6 +15,7 @@ import (
 	"log/slog"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -110,11 +111,16 @@ func TestShortIntervalSingleInstanceNoDuplicate(t *testing.T) {
 // 100 ms) and the default start delay (up to 187.5 ms): a short run on one
 // instance leaves neither a record nor a run lock by the time the other
 // instance's delayed Lock runs its round, so the tick runs twice.
-
+//
+// Both Lockers read one fake clock, stopped 100 ms after a tick: on the
+// real clock, a loaded machine started some pairs of Locks on either side
+// of a tick boundary (x.750 s), so they served two ticks, each once, and
+// the test counted them as one tick run twice.
 func TestStartDelayWithZeroToleranceRunsOnce(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 100e6, time.UTC))
 	mk := func(id string) *scheduler.Locker {
-		l, err := scheduler.NewLocker(newRedlock(t, cl.Clients(t)), scheduler.WithInstanceID(id),
+		l, err := scheduler.NewLocker(newRedlock(t, cl.Clients(t)), scheduler.WithInstanceID(id), scheduler.WithClock(clock),
 			scheduler.WithClockTolerance(0), scheduler.WithLockJitter(scheduler.DefaultLockJitter))
 		if err != nil {
 			t.Fatal(err)
