@@ -121,7 +121,8 @@ type Outcome int
 
 const (
 	// OutcomeOK: the node granted the lock (acquire), confirmed ownership
-	// and set the TTL (extend), or deleted every key of the lock (release).
+	// with every key's TTL at least the new one (extend), or deleted every
+	// key of the lock (release).
 	OutcomeOK Outcome = iota
 	// OutcomeHeld: the node answered, and a key is held by another owner
 	// (acquire) or no longer holds this lock (extend, release).
