@@ -183,32 +183,8 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 		}
 		o(&cfg)
 	}
-	if !cfg.renewSet {
-		cfg.renew = cfg.ttl / 3
-	}
-	if !cfg.retrySet {
-		cfg.retry = min(DefaultRetryPeriod, cfg.ttl/4)
-	}
-	switch {
-	case client == nil:
-		return nil, invalidf("the *redlock.Client is nil")
-	case name == "":
-		return nil, invalidf("the election name is empty")
-	case cfg.identitySet && cfg.identity == "":
-		return nil, invalidf("identity (WithIdentity) is empty")
-	case len(cfg.identity) > redlock.MaxMetadata:
-		return nil, invalidf("identity (WithIdentity) is %d bytes, more than the maximum %d", len(cfg.identity), redlock.MaxMetadata)
-	case cfg.ttl < 30*time.Millisecond:
-		return nil, invalidf("lease TTL %v (WithLeaseTTL) is below the minimum 30ms", cfg.ttl)
-	case cfg.renew <= 0 || cfg.renew > cfg.ttl/2:
-		return nil, invalidf("renew interval %v (WithRenewInterval) must be above 0 and at most half the lease TTL (%v), so that the lease survives a failed renewal",
-			cfg.renew, cfg.ttl/2)
-	case cfg.retry <= 0 || cfg.retry >= cfg.ttl:
-		return nil, invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
-	}
-	if err := client.CheckTTL(cfg.ttl); err != nil {
-		why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
-		return nil, &textError{msg: fmt.Sprintf("elector: invalid argument: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, why), errs: []error{err}}
+	if err := cfg.validate(client, name); err != nil {
+		return nil, err
 	}
 	if !cfg.identitySet {
 		cfg.identity = tracing.DefaultIdentity()
@@ -236,6 +212,39 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 		return nil, fmt.Errorf("elector: creating the OpenTelemetry instruments: %w", err)
 	}
 	return e, nil
+}
+
+// validate fills in the defaults that follow the TTL and checks cfg,
+// naming the bad value.
+func (cfg *config) validate(client *redlock.Client, name string) error {
+	if !cfg.renewSet {
+		cfg.renew = cfg.ttl / 3
+	}
+	if !cfg.retrySet {
+		cfg.retry = min(DefaultRetryPeriod, cfg.ttl/4)
+	}
+	switch {
+	case client == nil:
+		return invalidf("the *redlock.Client is nil")
+	case name == "":
+		return invalidf("the election name is empty")
+	case cfg.identitySet && cfg.identity == "":
+		return invalidf("identity (WithIdentity) is empty")
+	case len(cfg.identity) > redlock.MaxMetadata:
+		return invalidf("identity (WithIdentity) is %d bytes, more than the maximum %d", len(cfg.identity), redlock.MaxMetadata)
+	case cfg.ttl < 30*time.Millisecond:
+		return invalidf("lease TTL %v (WithLeaseTTL) is below the minimum 30ms", cfg.ttl)
+	case cfg.renew <= 0 || cfg.renew > cfg.ttl/2:
+		return invalidf("renew interval %v (WithRenewInterval) must be above 0 and at most half the lease TTL (%v), so that the lease survives a failed renewal",
+			cfg.renew, cfg.ttl/2)
+	case cfg.retry <= 0 || cfg.retry >= cfg.ttl:
+		return invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
+	}
+	if err := client.CheckTTL(cfg.ttl); err != nil {
+		why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
+		return &textError{msg: fmt.Sprintf("elector: invalid argument: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, why), errs: []error{err}}
+	}
+	return nil
 }
 
 // invalidf returns an error that reads "elector: invalid argument:

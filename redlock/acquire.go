@@ -3,6 +3,7 @@ package redlock
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -166,6 +167,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 		if v > 0 && v >= time.Duration(float64(l.ttl)*c.cfg.minValidity) {
 			l.mu.Lock()
 			l.state, l.until, l.fenceTok, l.granted = stateHeld, start.Add(l.ttl-c.drift(l.ttl)), token, time.Now()
+			l.prevMark = previousMark(rs)
 			l.mu.Unlock()
 			c.tel.held.Add(ctx, 1)
 			return nil
@@ -224,7 +226,7 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 	}
 	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
 		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
-			l.cfg.recordTTL.Milliseconds()},
+			l.cfg.recordTTL.Milliseconds(), markArg(l.cfg), l.cfg.markTTL.Milliseconds()},
 		parse: parseAcquire(l, value),
 		// Acquire's retries do not wait for a node that timed out until
 		// it answers again; a first attempt (and TryAcquire, which a
@@ -265,18 +267,44 @@ func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
 				return NodeResult{Outcome: OutcomeOK, reply: v}
 			case code == 2:
 				return NodeResult{Outcome: OutcomeGated}
-			case len(v) == 4:
+			case len(v) == 4 || len(v) == 5:
 				holder, _ := v[1].(string)
 				pttl, _ := v[2].(int64)
 				resource := l.cfg.record
-				if i, _ := v[3].(int64); i >= 1 && int(i) <= l.n {
+				i, _ := v[3].(int64)
+				switch {
+				case i >= 1 && int(i) <= l.n:
 					resource = l.resources[i-1]
+				case i == -1:
+					r := refusal(holder, time.Duration(pttl)*time.Millisecond, l.cfg.mark)
+					r.HolderMark = intAt(v, 4)
+					return r
 				}
 				return refusal(holder, time.Duration(pttl)*time.Millisecond, resource)
 			}
 		}
 		return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %v to the acquire script", cmd.Val())}
 	}
+}
+
+// markArg is the acquire script's mark argument: the mark, or "" for none.
+func markArg(cfg lockConfig) string {
+	if cfg.mark == "" {
+		return ""
+	}
+	return strconv.FormatInt(cfg.markAt, 10)
+}
+
+// previousMark returns the highest mark that the granting nodes of rs
+// replaced (WithHighWater; 0 for none).
+func previousMark(rs []NodeResult) int64 {
+	var m int64
+	for _, r := range rs {
+		if r.Outcome == OutcomeOK {
+			m = max(m, intAt(r.reply, 4))
+		}
+	}
+	return m
 }
 
 // refusal is the result of resource's key held by the lock value v, whose

@@ -141,10 +141,13 @@ func (cfg *config) validate(nodes int) error {
 }
 
 // validateDefault checks the LockOptions given to New: a call's own, and
-// no record (WithRecord names one acquisition's).
+// no record or mark (WithRecord and WithHighWater name one acquisition's).
 func (cfg *lockConfig) validateDefault() error {
-	if cfg.record != "" || cfg.recordTTL != 0 {
+	switch {
+	case cfg.record != "" || cfg.recordTTL != 0:
 		return invalidf("WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire")
+	case cfg.mark != "" || cfg.markAt != 0 || cfg.markTTL != 0:
+		return invalidf("WithHighWater was given to New: it names one acquisition's mark, so pass it to Acquire or TryAcquire")
 	}
 	return cfg.validate()
 }
@@ -161,6 +164,10 @@ func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
 
 // Quorum returns the number of nodes that must agree: N/2+1.
 func (c *Client) Quorum() int { return c.quorum }
+
+// RestartGate returns the restart gate's maxTTL (WithRestartGating), or 0
+// when gating is off.
+func (c *Client) RestartGate() time.Duration { return c.cfg.gate }
 
 // NodeTimeout returns the Client's node timeout (WithNodeTimeout).
 func (c *Client) NodeTimeout() time.Duration { return c.cfg.nodeTimeout }

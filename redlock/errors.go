@@ -175,17 +175,21 @@ type NodeResult struct {
 	// holder's owner token is never exposed.
 	Holder string
 	// Resource is, for OutcomeHeld in an acquire round, the resource whose
-	// key refused: one of the lock's, or its record (WithRecord); ""
-	// otherwise.
+	// key refused: one of the lock's, its record (WithRecord) or its mark
+	// (WithHighWater); "" otherwise.
 	Resource string
 	// HolderTTL is, for OutcomeHeld in an acquire round, how long the
 	// refusing key had left to live (whole milliseconds; 0 when unknown).
 	HolderTTL time.Duration
+	// HolderMark is, for OutcomeHeld in an acquire round refused by a
+	// high-water mark (WithHighWater), the mark on the node; 0 otherwise.
+	HolderMark int64
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
 	reply       []any  // the script's reply, for the layers (fencing)
 	value       string // holder round: the key's value (never leaves the package)
+	val         any    // Eval: the node's reply
 }
 
 // failed reports whether r counts as a failure of its node.
@@ -205,7 +209,8 @@ func (r NodeResult) failed() bool {
 type QuorumError struct {
 	// Op is the round: "acquire", "fence" (recording a fencing token),
 	// "check" (confirming a reentrant hold's token), "extend", "release"
-	// or "holder" (Client.HolderMetadata).
+	// "holder" (Client.HolderMetadata) or "eval" (Client.Eval, whose
+	// Resources are the script's keys).
 	Op string
 	// Resources are the lock's resource names (without key prefix).
 	Resources []string
@@ -234,7 +239,7 @@ func newQuorumError(op string, resources []string, quorum int, rs []NodeResult, 
 	}
 	nodes := slices.Clone(rs)
 	for i := range nodes {
-		nodes[i].reply = nil
+		nodes[i].reply, nodes[i].val = nil, nil
 	}
 	return &QuorumError{Op: op, Resources: resources, Quorum: quorum, Nodes: nodes, sentinels: sentinels}
 }
@@ -291,8 +296,11 @@ func (e *QuorumError) Holder() (metadata string, ok bool) { return e.HolderMetad
 // timeout`.
 func (e *QuorumError) Error() string {
 	subject := lockName(e.Resources)
-	if e.Op == "holder" {
+	switch e.Op {
+	case "holder":
 		subject = "holder of " + quoteNames(e.Resources)
+	case "eval":
+		subject = "script on " + quoteNames(e.Resources)
 	}
 	return "redlock: " + subject + " " + e.outcome() + ": " + e.body()
 }
@@ -318,6 +326,7 @@ var opTexts = map[string]struct{ ok, failed string }{
 	"extend":  {"extended", "not extended"},
 	"release": {"released", "not released"},
 	"holder":  {"answered", "unknown"},
+	"eval":    {"answered", "not run on a quorum"},
 }
 
 // body is what the round found: the nodes that did their part against the

@@ -23,12 +23,13 @@ type Lock struct {
 	resources []string
 	// keys are the lock keys, then (reentrant) the holds hashes, then
 	// (fenced) the fencing counters, then (gated) the gate markers, then
-	// the record key (WithRecord).
+	// the record key (WithRecord), then the mark (WithHighWater).
 	keys     []string
 	n        int    // number of resources
 	token    string // owner token of a reentrant lock ("" otherwise: one per attempt)
 	tp       string // traceparent of the acquiring span, stored in the value
 	fenceTok uint64 // fencing token, set once held
+	prevMark int64  // WithHighWater: the highest mark replaced, set once held
 
 	// op orders Extend and Release: each holds it for its whole round.
 	op sync.Mutex
@@ -81,6 +82,9 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if err := c.checkRecord(&cfg, resources); err != nil {
 		return nil, err
 	}
+	if err := checkMark(&cfg, resources); err != nil {
+		return nil, err
+	}
 	n := len(resources)
 	l := &Lock{c: c, cfg: cfg, resources: slices.Clone(resources), n: n, ttl: ttl,
 		tp: traceparentOf(ctx)}
@@ -100,7 +104,43 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if cfg.record != "" {
 		l.keys = append(l.keys, c.cfg.keyPrefix+cfg.record)
 	}
+	if cfg.mark != "" {
+		l.keys = append(l.keys, c.cfg.keyPrefix+cfg.mark)
+	}
 	return l, nil
+}
+
+// checkMark validates WithHighWater's arguments.
+func checkMark(cfg *lockConfig, resources []string) error {
+	switch {
+	case cfg.mark == "" && cfg.markAt == 0 && cfg.markTTL == 0:
+		return nil
+	case cfg.mark == "":
+		return invalidf("the mark's name (WithHighWater) is empty")
+	case hasNUL(cfg.mark):
+		return invalidf("mark name %q (WithHighWater) contains a NUL byte", cfg.mark)
+	case cfg.mark == legacyGateName:
+		return invalidf("mark name %q (WithHighWater) is reserved: releases before 0.2 kept the restart gate marker under it", cfg.mark)
+	case slices.Contains(resources, cfg.mark) || cfg.mark == cfg.record:
+		return invalidf("mark name %q (WithHighWater) is also a resource or the record of the lock", cfg.mark)
+	case cfg.owner != "":
+		return invalidf("WithHighWater cannot be combined with WithOwner")
+	case cfg.markAt <= 0:
+		return invalidf("mark %d (WithHighWater) is not positive", cfg.markAt)
+	case cfg.markTTL < time.Millisecond:
+		return invalidf("mark TTL %v (WithHighWater) is below 1ms", cfg.markTTL)
+	}
+	return nil
+}
+
+// PreviousMark returns, for a Lock acquired with WithHighWater, the
+// highest mark that its acquisition replaced on the nodes that granted it
+// (0: none), read once held; 0 for any other Lock. Safe for concurrent
+// use.
+func (l *Lock) PreviousMark() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.prevMark
 }
 
 // checkRecord validates WithRecord's arguments.
@@ -413,13 +453,17 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 // "held" answers are another holder's keys). notice is the payload of the
 // release notices ("" for none: only Release wakes waiters). Its calls are
 // cleanups (roundSpec.cleanup).
-// An undo deletes the attempt's record too.
+// An undo deletes the attempt's record too, and puts back the mark before
+// its own.
 func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool) roundSpec {
-	keys, want := l.ownedKeys(), l.n
+	keys, want, mark := l.ownedKeys(), l.n, ""
 	if op == "undo" && l.cfg.record != "" {
-		keys, want = append(slices.Clip(keys), l.keys[len(l.keys)-1]), l.n+1
+		keys, want = append(slices.Clip(keys), l.c.cfg.keyPrefix+l.cfg.record), l.n+1
 	}
-	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice},
+	if op == "undo" && l.cfg.mark != "" {
+		keys, mark = append(slices.Clip(keys), l.keys[len(l.keys)-1]), "1"
+	}
+	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice, mark},
 		parse: parseInt(int64(want)), skip: skip, cleanup: true}
 }
 

@@ -97,6 +97,9 @@ type lockConfig struct {
 	nodeTimeoutSet bool
 	record         string        // WithRecord: resource name, "" for none
 	recordTTL      time.Duration // WithRecord
+	mark           string        // WithHighWater: resource name, "" for none
+	markAt         int64         // WithHighWater
+	markTTL        time.Duration // WithHighWater
 }
 
 type clientOption func(*config)
@@ -268,6 +271,32 @@ func WithOwner(owner string) LockOption {
 // rejects WithRecord altogether. Default: no record.
 func WithRecord(record string, ttl time.Duration) LockOption {
 	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
+}
+
+// WithHighWater makes the acquisition also raise a high-water mark kept
+// under the resource name record: on each node, in the same script and
+// all or nothing with the lock's keys, a mark at or above at that another
+// acquisition raised refuses the round (checked after a WithRecord record
+// and before the lock's keys; the refused NodeResult's Resource names the
+// record and its HolderMark gives the mark), and otherwise the mark is set
+// to at, with this acquisition's value (its metadata is what a refused
+// round's Holder shows), for ttl from now. The mark before is kept for an
+// undo: a failed attempt puts it back where it raised it. A granted Lock
+// reports the highest mark it replaced (Lock.PreviousMark). A mark is
+// never lowered, extended or deleted by Release; it expires ttl after its
+// last raise. The scheduler keys each job's scheduled times on one.
+//
+// at must be positive; ttl at least 1 ms. ttl is a retention, not a lock
+// TTL: it may exceed the restart gate (WithRestartGating), and a node that
+// restarts empty forgets its marks, so a mark keeps a later acquisition at
+// or below it out only while a quorum of nodes still has it: the caller
+// bounds how late such an acquisition may come by the gate's maxTTL. The
+// record obeys the rules of a resource name, must not be one of the lock's
+// resources or its WithRecord record, and cannot be combined with
+// WithOwner; a call that breaks a rule fails with ErrInvalidArgument, and
+// New rejects WithHighWater altogether. Default: no mark.
+func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
+	return lockOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
 }
 
 // ExtendEvery sets, for Do and Keep, the time from one successful extension

@@ -23,6 +23,8 @@ var (
 	extendSrc string
 	//go:embed scripts/release.lua
 	releaseSrc string
+	//go:embed scripts/abandon.lua
+	abandonSrc string
 
 	acquireScript = node.NewScript(acquireSrc)
 	fenceScript   = node.NewScript(fenceSrc)
@@ -30,4 +32,5 @@ var (
 	checkScript   = node.NewScript(checkSrc)
 	extendScript  = node.NewScript(extendSrc)
 	releaseScript = node.NewScript(releaseSrc)
+	abandonScript = node.NewScript(abandonSrc)
 )

@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/google/uuid"
-	"github.com/jonboulle/clockwork"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -234,48 +233,5 @@ func TestOutageReportsEveryTick(t *testing.T) {
 	defer mu.Unlock()
 	if runs == 0 {
 		t.Errorf("no run in the 2.5 s after the nodes came back; lock errors since: %v", lockErrs[reported:])
-	}
-}
-
-// TestTickRecordOutlivesTheLockTimeout: a tick record lives for twice the
-// clock tolerance plus the job's whole Lock bound, so that an instance still
-// retrying its rounds for the tick (split votes, slow nodes) until its
-// lock timeout ends finds the record, and not a free tick, after the
-// winner's run has ended. With WithClockTolerance(0) the record lived
-// 100 ms + the 250 ms jitter bound, less than the 750 ms a per-second
-// job's Lock may take.
-func TestTickRecordOutlivesTheLockTimeout(t *testing.T) {
-	cl := redlocktest.Start(t, 3)
-	c := newRedlock(t, cl.Clients(t))
-	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
-	l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithClockTolerance(0), scheduler.WithLockJitter(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	lk, err := l.Lock(ctx, "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lk.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	const record = "schedlock:tick:job:1767268800000"
-	want := 100*time.Millisecond + 750*time.Millisecond // the tolerance's minimum + a per-second job's bound
-	held := 0
-	for i, s := range cl {
-		ttl, err := s.Client(t).PTTL(ctx, record).Result()
-		switch {
-		case err != nil:
-			t.Fatalf("node %d: PTTL: %v", i, err)
-		case ttl < 0: // a node the round did not wait for may miss it
-		case ttl < want-200*time.Millisecond:
-			t.Errorf("node %d: the tick record lives %v, want about %v (the tolerance's 100 ms minimum + the Lock bound)", i, ttl, want)
-		default:
-			held++
-		}
-	}
-	if held < 2 {
-		t.Errorf("the tick record is on %d nodes, want a quorum", held)
 	}
 }

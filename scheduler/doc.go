@@ -1,5 +1,6 @@
-// Package scheduler makes gocron v2 jobs run once per tick across a fleet of
-// instances that share Redis nodes, on top of package redlock.
+// Package scheduler makes each scheduled time of a gocron v2 job run once
+// across a fleet of instances that share Redis nodes, on top of package
+// redlock, and keeps a record of who ran what.
 //
 // # Usage
 //
@@ -11,47 +12,54 @@
 //		gocron.CronJob("*/10 * * * * *", true),
 //		gocron.NewTask(func(ctx context.Context) error {
 //			ctx = s.RunContext(ctx) // first: cancelled if the run's lock is lost
-//			tick, _ := scheduler.TickFromContext(ctx)
-//			return report(ctx, tick) // runs on one instance per tick
+//			at, _ := scheduler.TickFromContext(ctx) // the scheduled time
+//			return report(ctx, at) // runs on one instance per scheduled time
 //		}),
 //		gocron.WithName("report"), // required: the lock's name on every instance
 //	)
 //	s.Start()
 //	defer s.Shutdown() // then locks.Close, then the go-redis clients
 //
-// Instances other than the one that runs a tick skip it: gocron's
+// Instances other than the one that runs a scheduled time skip it: gocron's
 // AfterLockError listener gets ErrHeldElsewhere (normal), ErrStopped
-// (shutdown: normal) or an error worth an alert (redlock.ErrUnavailable,
-// ErrDuplicateInstance, ErrUnstableName).
+// (shutdown: normal), ErrLate (a run that came too late: recorded) or an
+// error worth an alert (redlock.ErrUnavailable, ErrDuplicateInstance,
+// ErrUnstableName). Scheduler.History reads the run record.
 //
 // Two ways in:
 //
 //   - New returns a *Scheduler: a gocron.Scheduler with the Locker
-//     installed, that also rejects unstable or duplicate job names and
-//     anchors duration jobs to a wall-clock grid. Start here.
+//     installed, that reads each job's schedule, rejects unstable or
+//     duplicate job names and schedules without shared times, anchors
+//     duration jobs to a wall-clock grid, learns each run's outcome and
+//     makes RunNow a manual run. Start here.
 //   - NewLocker returns a gocron.Locker for an existing scheduler
-//     (gocron.WithDistributedLocker). Pass it the scheduler's clock
-//     (WithClock), name every job (gocron.WithName), and anchor duration
-//     jobs yourself (gocron.WithStartAt(gocron.WithStartDateTimePast(
-//     time.Now().Truncate(d)))).
+//     (gocron.WithDistributedLocker). Give it the scheduler (Locker.Follow),
+//     its clock (WithClock) and location (WithLocation), name every job
+//     (gocron.WithName), and anchor duration jobs yourself
+//     (gocron.WithStartAt(gocron.WithStartDateTimePast(
+//     time.Now().Truncate(d)))). docs/scheduling.md says what differs.
 //
-// # Exactly once per tick
+// # Each scheduled time once
 //
 // gocron asks the Locker before each run (Locker.Lock with the job's name).
-// Lock identifies the tick the run serves (Locker.Tick: the instance's local
-// time on the job's grid, so clock skew between instances does not change
-// it), then takes, in one quorum round (one script per node):
+// Lock finds the scheduled time the run serves: the latest one of the
+// job's schedule at or before the instance's clock. A scheduled time this
+// instance already served, or one older than the misfire threshold
+// (WithMisfireThreshold, 1 min), makes the run late (ErrLate): a queued
+// run never takes another scheduled time. Then Lock takes, in one quorum
+// round (one script per node):
 //
 //   - a run lock on the job, extended every TTL/3 while the job runs
 //     (WithTTL, default 10 s) and released by Unlock: no other instance
-//     starts the job while a long run goes on;
-//   - with it, a tick record (redlock.WithRecord), kept for twice the clock
-//     tolerance (WithClockTolerance, default 1 s) plus the job's Lock bound
-//     (WithLockTimeout) and never released: an
-//     instance whose clock lags, or whose timer fires late, finds the tick
-//     taken. Releasing the lock at the end of the run, as most lockers do,
-//     lets such an instance run the same tick again when the job is fast
-//     (gocron issue #841).
+//     starts the job while a run goes on;
+//   - with it, the job's record of the latest scheduled time taken
+//     (redlock.WithHighWater), raised to this one and never lowered: an
+//     instance whose clock lags, or whose run comes late, finds its
+//     scheduled time taken, or a later one, whatever the difference.
+//     Releasing the lock at the end of the run, as most lockers do, lets
+//     such an instance run the same scheduled time again when the job is
+//     fast (gocron issue #841).
 //
 // A busy job is a skip, not a wait: Lock returns ErrHeldElsewhere at once.
 // When Redis nodes fail, Lock returns an error matching
@@ -60,11 +68,22 @@
 // gocron stopped the job (Shutdown, RemoveJob, Update) returns ErrStopped.
 // Misconfigurations are errors too: ErrUnstableName for a job without a
 // stable name, ErrDuplicateInstance when two live instances share an
-// instance ID; clocks further apart than the tolerance are warned about
-// (WithLogger) and counted (schedlock.scheduler.warnings).
+// instance ID; clocks further apart than the tolerance, and instances
+// that run a job on different schedules, are warned about (WithLogger)
+// and counted (schedlock.scheduler.warnings).
 //
-// A tick whose run has started is never given back, even when the run is
-// interrupted: at most once per tick, and an interrupted run is not re-run.
+// A scheduled time whose run has started is never given back, even when
+// the run is interrupted: at most once, and an interrupted run is not
+// re-run. Scheduled times that ran nowhere are reported once, by the next
+// run of the job that finds them (WithMissedHandler, the run record);
+// WithCatchUp runs the latest of them at Start.
+//
+// # The run record
+//
+// Each run, missed scheduled times and late skips are written to the
+// job's run record on every node (the newest 100 entries,
+// WithHistoryLength), which Scheduler.History reads from any instance:
+// scheduled time, instance, start, end, outcome and error.
 //
 // # Lost locks
 //
@@ -82,5 +101,5 @@
 // locker.
 //
 // docs/scheduling.md states the guarantee, its limits and how to choose the
-// TTL and the tolerance.
+// settings.
 package scheduler

@@ -5,11 +5,22 @@ import "errors"
 // Sentinel errors; match them with errors.Is.
 var (
 	// ErrHeldElsewhere matches a Lock refused because another instance
-	// holds the job: it already took this tick, or an earlier run of the job
-	// is still running there. gocron skips the run and fires
+	// holds the job: it already took this scheduled time, or a run of the
+	// job is in progress there. gocron skips the run and fires
 	// AfterLockError with this error; it is the normal outcome on all
 	// instances but one. The redlock *QuorumError is wrapped too.
 	ErrHeldElsewhere = errors.New("scheduler: job held by another instance")
+
+	// ErrLate matches a Lock skipped because the run came too late for
+	// its scheduled time: a later scheduled time of the job was already
+	// taken (here or by another instance), or the misfire threshold
+	// (WithMisfireThreshold) had passed. The run never takes another
+	// scheduled time instead. Late runs come from queues (gocron's wait
+	// modes, a busy executor), WithStartImmediately, or an instance whose
+	// clock is behind the others' (then with a clock_skew warning). The
+	// scheduled time itself ran elsewhere, or is reported missed by the
+	// next run that finds it.
+	ErrLate = errors.New("scheduler: run too late for its scheduled time")
 
 	// ErrStopped matches a Lock cut short because gocron stopped the job
 	// while its lock was being taken (Shutdown, RemoveJob, Update or
@@ -35,12 +46,20 @@ var (
 
 	// ErrRandomSchedule matches a job on a random interval
 	// (gocron.DurationRandomJob) given to Scheduler.NewJob or Update: each
-	// instance draws its own intervals, so the instances share no ticks
-	// and the job would run once per instance, not once per tick.
-	ErrRandomSchedule = errors.New("scheduler: a random-interval job has no ticks common to the instances")
+	// instance draws its own intervals, so the instances share no
+	// scheduled times and the job would run once per instance.
+	ErrRandomSchedule = errors.New("scheduler: a random-interval job has no scheduled times common to the instances")
+
+	// ErrUnsharedSchedule matches a job given to Scheduler.NewJob or
+	// Update whose scheduled times gocron computes from each instance's
+	// own start, so that instances do not share them: cron's "@every",
+	// and daily, weekly or monthly jobs with an interval above 1. Use a
+	// duration job (which the Scheduler aligns), a cron expression or an
+	// interval of 1.
+	ErrUnsharedSchedule = errors.New("scheduler: the job's scheduled times differ between instances")
 
 	// ErrDuplicateName matches a job given, by NewJob or Update, a name
 	// that another job of the same Scheduler has: both would share one
-	// lock and one tick record.
+	// run lock and one record of scheduled times.
 	ErrDuplicateName = errors.New("scheduler: duplicate job name")
 )

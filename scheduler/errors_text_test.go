@@ -60,7 +60,15 @@ func TestLockerOptionTexts(t *testing.T) {
 		{"empty instance ID", c, []scheduler.LockerOption{scheduler.WithInstanceID("")},
 			"scheduler: invalid argument: instance ID (WithInstanceID) is empty"},
 		{"long instance ID", c, []scheduler.LockerOption{scheduler.WithInstanceID(strings.Repeat("x", 1000))},
-			"scheduler: invalid argument: instance ID (WithInstanceID) is 1000 bytes, more than the maximum 994"},
+			"scheduler: invalid argument: instance ID (WithInstanceID) is 1000 bytes, more than the maximum 973"},
+		{"zero misfire threshold", c, []scheduler.LockerOption{scheduler.WithMisfireThreshold(0)},
+			"scheduler: invalid argument: misfire threshold 0s (WithMisfireThreshold) is below the minimum 1ms"},
+		{"negative catch-up", c, []scheduler.LockerOption{scheduler.WithCatchUp(-time.Second)},
+			"scheduler: invalid argument: catch-up window -1s (WithCatchUp) is negative"},
+		{"no history", c, []scheduler.LockerOption{scheduler.WithHistoryLength(0)},
+			"scheduler: invalid argument: history length 0 (WithHistoryLength) must be between 1 and 10000"},
+		{"short retention", c, []scheduler.LockerOption{scheduler.WithRecordRetention(time.Second)},
+			"scheduler: invalid argument: record retention 1s (WithRecordRetention) is below the misfire threshold 1m0s"},
 		{"nil option", c, []scheduler.LockerOption{scheduler.WithTTL(time.Second), nil},
 			"scheduler: invalid argument: LockerOption 2 of 2 is nil"},
 	}
@@ -75,66 +83,36 @@ func TestLockerOptionTexts(t *testing.T) {
 }
 
 // TestLockerRejectsTTLsTheClientRejects: a Client whose restart gate is
-// shorter than the run lock's TTL or a tick record's lifetime (or whose
-// shortest TTL is above a record's) refused every Lock at run time; now
-// NewLocker, or NewJob for a duration job, says so. Configurations whose
-// records fit are accepted, whatever the lock timeout.
+// shorter than the run lock's TTL refused every Lock at run time; NewLocker
+// says so. A misfire threshold or catch-up window above the gate is
+// rejected too (a run that late could find a restarted node's record
+// gone); the default threshold follows a shorter gate.
 func TestLockerRejectsTTLsTheClientRejects(t *testing.T) {
-	client := func(opts ...redlock.Option) *redlock.Client {
+	gated := func(gate time.Duration) *redlock.Client {
 		rdb := redis.NewClient(&redis.Options{Addr: "localhost:1"})
 		t.Cleanup(func() { _ = rdb.Close() })
-		c, err := redlock.New([]redis.UniversalClient{rdb}, opts...)
+		c, err := redlock.New([]redis.UniversalClient{rdb}, redlock.WithRestartGating(gate))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c
 	}
-	gated := func(gate time.Duration) *redlock.Client { return client(redlock.WithRestartGating(gate)) }
 	_, err := scheduler.NewLocker(gated(5 * time.Second))
 	checkText(t, "NewLocker, gate 5s", err, "scheduler: invalid argument: run lock TTL 10s (WithTTL): "+
 		"TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)", redlock.ErrInvalidArgument)
-	_, err = scheduler.NewLocker(gated(2*time.Second), scheduler.WithTTL(2*time.Second), scheduler.WithTickResolution(time.Minute))
-	checkText(t, "NewLocker, gate 2s, TTL 2s, resolution 1m", err, "scheduler: invalid argument: tick records of jobs every 1m0s live 3s "+
-		"(2 x clock tolerance 1s (WithClockTolerance), at least 100ms, + the Lock bound 1s (WithLockTimeout)): "+
-		"TTL 3s is above the restart gate's maximum TTL 2s (WithRestartGating)", redlock.ErrInvalidArgument)
-	_, err = scheduler.NewLocker(client(redlock.WithDriftFactor(0.49)), scheduler.WithClockTolerance(0), scheduler.WithTickResolution(100*time.Millisecond))
-	checkText(t, "NewLocker, records shorter than the Client's shortest TTL", err, "scheduler: invalid argument: tick records of jobs every 100ms live 150ms "+
-		"(2 x clock tolerance 0s (WithClockTolerance), at least 100ms, + the Lock bound 50ms (WithLockTimeout)): "+
-		"TTL 150ms is too short: after the clock drift allowance of 75.5ms, less than the minimum validity (50% of the TTL, WithMinValidity) would remain; use at least 201ms",
-		redlock.ErrInvalidArgument)
-	for _, tt := range []struct {
-		name string
-		gate time.Duration
-		opts []scheduler.LockerOption
-	}{
-		{"gate 3s, TTL 3s", 3 * time.Second, []scheduler.LockerOption{scheduler.WithTTL(3 * time.Second)}},
-		{"lock timeout above the spacing", 2 * time.Second, []scheduler.LockerOption{scheduler.WithTTL(2 * time.Second),
-			scheduler.WithClockTolerance(500 * time.Millisecond), scheduler.WithLockTimeout(5 * time.Second)}},
-		{"lock timeout math.MaxInt64", 3 * time.Second, []scheduler.LockerOption{scheduler.WithTTL(2 * time.Second), scheduler.WithLockTimeout(math.MaxInt64)}},
-	} {
-		if _, err := scheduler.NewLocker(gated(tt.gate), tt.opts...); err != nil {
-			t.Errorf("NewLocker, %s: %v", tt.name, err)
-		}
+	_, err = scheduler.NewLocker(gated(10*time.Second), scheduler.WithMisfireThreshold(time.Minute))
+	checkText(t, "NewLocker, gate 10s, misfire threshold 1m", err, "scheduler: invalid argument: misfire threshold 1m0s (WithMisfireThreshold) "+
+		"or catch-up window 0s (WithCatchUp) is above the redlock Client's restart gate 10s (redlock.WithRestartGating): "+
+		"a node restarted without its data rejoins after the gate, and a run later than that could find its scheduled time free", redlock.ErrInvalidArgument)
+	_, err = scheduler.NewLocker(gated(10*time.Second), scheduler.WithCatchUp(time.Minute))
+	if !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("NewLocker, gate 10s, catch-up 1m: %v, want ErrInvalidArgument", err)
 	}
-	if _, err := scheduler.NewLocker(client(), scheduler.WithLockTimeout(math.MaxInt64), scheduler.WithTickResolution(math.MaxInt64)); err != nil {
-		t.Errorf("NewLocker, lock timeout and resolution math.MaxInt64: %v", err)
+	if _, err := scheduler.NewLocker(gated(10 * time.Second)); err != nil {
+		t.Errorf("NewLocker, gate 10s, default misfire threshold: %v, want it lowered to the gate", err)
 	}
-	// Per-second records live 2 x 500ms + 750ms, hourly ones 2 x 500ms + 1.5s.
-	s, err := scheduler.New(gated(2*time.Second), scheduler.WithLockerOptions(scheduler.WithTTL(2*time.Second),
-		scheduler.WithClockTolerance(500*time.Millisecond), scheduler.WithLockTimeout(1500*time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown() })
-	_, err = s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func() {}), gocron.WithName("hourly"))
-	checkText(t, "NewJob, hourly job, gate 2s", err, `scheduler: invalid argument: job "hourly": tick records every 1h0m0s live 2.5s `+
-		"(2 x clock tolerance 500ms (WithClockTolerance), at least 100ms, + the Lock bound 1.5s (WithLockTimeout)): "+
-		"TTL 2.5s is above the restart gate's maximum TTL 2s (WithRestartGating)", redlock.ErrInvalidArgument)
-	if n := len(s.Jobs()); n != 0 {
-		t.Errorf("NewJob failed but left %d jobs", n)
-	}
-	if _, err := s.NewJob(gocron.DurationJob(time.Second), gocron.NewTask(func() {}), gocron.WithName("every-second")); err != nil {
-		t.Errorf("NewJob, per-second job, records 1.75s, gate 2s: %v", err)
+	if _, err := scheduler.NewLocker(gated(3*time.Second), scheduler.WithTTL(3*time.Second), scheduler.WithLockTimeout(math.MaxInt64)); err != nil {
+		t.Errorf("NewLocker, gate 3s, TTL 3s, lock timeout math.MaxInt64: %v", err)
 	}
 }
 
@@ -149,20 +127,20 @@ func TestLockErrorTexts(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = b.Lock(ctx, "report")
-	checkText(t, "Lock of a tick taken", err,
-		`scheduler: job "report" tick 2026-01-01T12:00:00Z held by another instance: the tick was already taken by "a"`,
+	checkText(t, "Lock of a scheduled time taken", err,
+		`scheduler: job "report" scheduled time 2026-01-01T12:00:00Z held by another instance: "a" already ran it`,
 		scheduler.ErrHeldElsewhere)
 
 	clock.Advance(time.Second) // a's run goes on into the next tick
 	_, err = b.Lock(ctx, "report")
 	checkText(t, "Lock while a run goes on", err,
-		`scheduler: job "report" tick 2026-01-01T12:00:01Z held by another instance: its previous run is still running on "a"`,
+		`scheduler: job "report" scheduled time 2026-01-01T12:00:01Z held by another instance: a run of the job is in progress on "a"`,
 		scheduler.ErrHeldElsewhere)
 	if err := la.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
 
-	// Another process with a's instance ID took the tick.
+	// Another process with a's instance ID took the scheduled time.
 	clock.Advance(time.Second)
 	twin, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"), scheduler.WithLockJitter(0))
 	if err != nil {
@@ -174,8 +152,8 @@ func TestLockErrorTexts(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = lt.Unlock(ctx) })
 	_, err = a.Lock(ctx, "report")
-	checkText(t, "Lock of a tick taken by a twin", err,
-		`scheduler: job "report" tick 2026-01-01T12:00:02Z held by another instance: the tick was already taken by "a", `+
+	checkText(t, "Lock of a scheduled time taken by a twin", err,
+		`scheduler: job "report" scheduled time 2026-01-01T12:00:02Z held by another instance: "a" already ran it, `+
 			`another live instance with this instance's ID; give each instance its own ID (WithInstanceID)`,
 		scheduler.ErrHeldElsewhere, scheduler.ErrDuplicateInstance)
 
@@ -183,7 +161,7 @@ func TestLockErrorTexts(t *testing.T) {
 	cancel()
 	_, err = b.Lock(cctx, "stopped")
 	checkText(t, "Lock of a stopped job", err,
-		`scheduler: job "stopped" tick 2026-01-01T12:00:02Z skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) `+
+		`scheduler: job "stopped" scheduled time 2026-01-01T12:00:02Z skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) `+
 			`while its lock was being taken (context canceled)`,
 		scheduler.ErrStopped, context.Canceled)
 
@@ -206,8 +184,16 @@ func TestNewJobErrorTexts(t *testing.T) {
 	task := gocron.NewTask(func() {})
 	_, err := s.NewJob(gocron.DurationRandomJob(time.Second, 2*time.Second), task, gocron.WithName("jitter"))
 	checkText(t, "NewJob of a random interval", err,
-		`scheduler: a random-interval job has no ticks common to the instances: job "jitter" runs every 1s to 2s at random; `+
-			`use a fixed interval (gocron.DurationJob) or a cron schedule`, scheduler.ErrRandomSchedule)
+		`scheduler: a random-interval job has no scheduled times common to the instances: it runs every 1s to 2s at random; `+
+			`use a fixed interval (gocron.DurationJob) or a cron schedule (job "jitter")`, scheduler.ErrRandomSchedule)
+	_, err = s.NewJob(gocron.DailyJob(2, gocron.NewAtTimes(gocron.NewAtTime(9, 0, 0))), task, gocron.WithName("every-other-day"))
+	checkText(t, "NewJob of a daily job every 2 days", err,
+		`scheduler: the job's scheduled times differ between instances: a daily job every 2 intervals counts them from each instance's start; `+
+			`use interval 1 or a cron schedule (job "every-other-day")`, scheduler.ErrUnsharedSchedule)
+	_, err = s.NewJob(gocron.CronJob("@every 5s", false), task, gocron.WithName("every5"))
+	checkText(t, "NewJob of @every", err,
+		`scheduler: the job's scheduled times differ between instances: "@every 5s" counts from each instance's start; `+
+			`use gocron.DurationJob, which the scheduler aligns (job "every5")`, scheduler.ErrUnsharedSchedule)
 
 	first, err := s.NewJob(gocron.CronJob("* * * * * *", true), task, gocron.WithName("report"))
 	if err != nil {
@@ -232,8 +218,8 @@ func TestUnavailableText(t *testing.T) {
 		m.Close()
 	}
 	_, err := a.Lock(context.Background(), "report")
-	want := regexp.MustCompile(`^scheduler: job "report" tick 2026-01-01T12:00:00Z skipped: Redis unavailable: ` +
-		`(?:no quorum answered within the \S+ lock timeout: )?lock "schedlock:job:report" not acquired(?:: context deadline exceeded; the attempt)?: ` +
+	want := regexp.MustCompile(`^scheduler: job "report" scheduled time 2026-01-01T12:00:00Z skipped: Redis unavailable: ` +
+		`(?:no quorum answered within the \S+ bound of its Lock: )?lock "schedlock:job:report" not acquired(?:: context deadline exceeded; the attempt)?: ` +
 		`[0-3] of 3 nodes granted, quorum is 2, too many nodes failed: [^;]+; [^;]+; [^;]+$`)
 	if !errors.Is(err, redlock.ErrUnavailable) || !want.MatchString(err.Error()) {
 		t.Errorf("Lock with 2 of 3 nodes down = %v, want ErrUnavailable matching\n%s", err, want)

@@ -7,6 +7,7 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -211,40 +212,56 @@ func TestClockSkewBeyondToleranceIsWarned(t *testing.T) {
 	}
 }
 
-// TestDifferentSettingsAreWarned: instances with different lock timeouts
-// keep their tick records for different times, so that a late round of
-// one can find a tick free after the other's run (docs/scheduling.md
-// requires them to share their settings). This went undetected; now the
-// instance that finds the other's record warns settings_mismatch with
-// both lifetimes, and the clock check reads the record's age from its
-// own TTL, so the difference does not read as clock skew.
-func TestDifferentSettingsAreWarned(t *testing.T) {
+// TestDifferentSchedulesAreWarned: instances that run a job on different
+// schedules (a deploy that changes it) are warned about: the instance
+// that finds a scheduled time not on its own schedule in the job's record
+// warns settings_mismatch with both times; its own run is late, never a
+// second run.
+func TestDifferentSchedulesAreWarned(t *testing.T) {
 	t.Parallel()
-	cl := redlocktest.Start(t, 3)
-	rec := &recorder{}
+	c, _ := miniClient(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 40, 0, time.UTC))
 	logs := &logRecorder{}
-	// Per-second job, default tolerance 1 s: records live 2 s + the Lock
-	// bound, min(lock timeout, 750 ms).
-	lifetimes := map[time.Duration]bool{2750 * time.Millisecond: true, 2400 * time.Millisecond: true}
-	for i, lockTimeout := range []time.Duration{time.Second, 400 * time.Millisecond} {
-		startInstance(t, cl, rec, instanceSpec{id: i, def: gocron.CronJob("* * * * * *", true), jobTime: time.Millisecond,
-			opts: []scheduler.LockerOption{scheduler.WithLockTimeout(lockTimeout), scheduler.WithLogger(slog.New(logs))}})
+	var lockers []*scheduler.Locker
+	for i, every := range []time.Duration{10 * time.Second, 15 * time.Second} {
+		s, err := scheduler.New(c, scheduler.WithLockerOptions(scheduler.WithClock(clock), scheduler.WithLockJitter(0),
+			scheduler.WithInstanceID(fmt.Sprint("i", i)), scheduler.WithLogger(slog.New(logs))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Shutdown() })
+		if _, err := s.NewJob(gocron.DurationJob(every), gocron.NewTask(func() {}), gocron.WithName("job")); err != nil {
+			t.Fatal(err)
+		}
+		lockers = append(lockers, s.Locker())
 	}
-	waitFor(t, 10*time.Second, func() bool { return len(logs.warnings("settings_mismatch")) > 0 })
-	w := logs.warnings("settings_mismatch")[0]
-	theirs, ours := w["theirs"].Duration(), w["ours"].Duration()
-	if theirs == ours || !lifetimes[theirs] || !lifetimes[ours] {
-		t.Errorf("settings_mismatch warned theirs=%v ours=%v; want 2.75s and 2.4s", theirs, ours)
+	ctx := context.Background()
+	lk, err := lockers[0].Lock(ctx, "job") // 12:00:40, on the 10 s grid
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Unlock(ctx)
+	// 12:00:30 on the 15 s grid: a later time, not on this schedule, was taken.
+	if lk, err := lockers[1].Lock(ctx, "job"); lk != nil || !errors.Is(err, scheduler.ErrLate) {
+		t.Fatalf("Lock on the other schedule = %v, %v; want ErrLate", lk, err)
+	}
+	w := logs.warnings("settings_mismatch")
+	if len(w) != 1 {
+		t.Fatalf("%d settings_mismatch warnings, want 1", len(w))
+	}
+	if theirs, ours := w[0]["theirs"].Time(), w[0]["ours"].Time(); theirs.Second() != 40 || ours.Second() != 30 {
+		t.Errorf("settings_mismatch warned theirs=%v ours=%v; want :40 and :30", theirs, ours)
 	}
 	if w := logs.warnings("clock_skew"); len(w) != 0 {
 		t.Errorf("clock_skew warned for instances on one clock: %v", w)
 	}
 }
 
-// TestOneRoundPerTick: the run lock and the tick record are taken in one
-// script per node, and an instance that loses the tick pays that one
-// round and nothing more (each tick cost two rounds: the record, then the
-// run lock).
+// TestOneRoundPerTick: the run lock and the job's record of scheduled
+// times are taken in one script per node, and an instance that loses the
+// scheduled time pays that one round and nothing more (each tick cost two
+// rounds: the record, then the run lock); the winner writes the run
+// record once per node.
 func TestOneRoundPerTick(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
@@ -288,28 +305,28 @@ func TestOneRoundPerTick(t *testing.T) {
 		if err := in.client.Close(ctx); err != nil { // sends what is queued first
 			t.Fatal(err)
 		}
-		// One script per node; the winner's release; for a loser, the undo
-		// of the nodes that had not answered when the round was decided
-		// (they might have granted): at most N - quorum.
+		// One script per node; the winner's run record and release; for
+		// a loser, the undo of the nodes that had not answered when the
+		// round was decided (they might have granted): at most N - quorum.
 		n := in.calls.n.Load()
-		if i == 0 && n != 6 || i > 0 && (n < 3 || n > 3+1) {
-			t.Errorf("instance %d sent %d lock commands, want %s", i, n, map[bool]string{true: "6", false: "3 or 4"}[i == 0])
+		if i == 0 && n != 9 || i > 0 && (n < 3 || n > 3+1) {
+			t.Errorf("instance %d sent %d lock commands, want %s", i, n, map[bool]string{true: "9", false: "3 or 4"}[i == 0])
 		}
 	}
-	// What is left: the tick record on a quorum of nodes (a loser may have
-	// reached a node before the winner, and undone its grant there), until
-	// its TTL.
+	// What is left: the record of scheduled times on a quorum of nodes (a
+	// loser may have reached a node before the winner, and undone its
+	// grant there), and the run record.
 	records := 0
 	for i, s := range cl {
 		switch keys := s.Keys(t); {
-		case len(keys) == 1 && keys[0] == "schedlock:tick:job:1767268800000":
+		case len(keys) == 2 && keys[0] == "schedlock:runs:job" && keys[1] == "schedlock:taken:job":
 			records++
-		case len(keys) != 0:
-			t.Errorf("node %d keys %q, want the tick record only", i, keys)
+		case len(keys) != 1 || keys[0] != "schedlock:runs:job":
+			t.Errorf("node %d keys %q, want the records only", i, keys)
 		}
 	}
 	if records < 2 {
-		t.Errorf("the tick record is on %d nodes, want a quorum", records)
+		t.Errorf("the record of scheduled times is on %d nodes, want a quorum", records)
 	}
 }
 

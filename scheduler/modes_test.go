@@ -8,13 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
-	"github.com/google/uuid"
 
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 	"github.com/schedlock/schedlock/scheduler"
@@ -125,56 +125,86 @@ func TestGocronModesRunEachTickOnce(t *testing.T) {
 	}
 }
 
-// TestRunNowServesTheCurrentTick: RunNow goes through the Locker like a
-// scheduled run, for the tick the current time maps to (Locker.Tick): it
-// runs once across the fleet, and then takes that tick's place, or it is
-// refused with ErrHeldElsewhere through AfterLockError when that tick has
-// run already.
-func TestRunNowServesTheCurrentTick(t *testing.T) {
+// TestRunNowIsAManualRun: RunNow on a Scheduler's job is a manual run: it
+// takes no scheduled time (a second RunNow runs too, and the scheduled
+// run right after it still runs), never overlaps a run of the job on
+// another instance, and a refusal is RunNow's error. Before, RunNow served
+// the current tick: a second one in a long tick ran it again or was
+// refused silently, and one late in the interval moved the next tick
+// earlier, so that the scheduled run was skipped everywhere.
+func TestRunNowIsAManualRun(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
-	c := newRedlock(t, cl.Clients(t))
-	s, err := scheduler.New(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown() })
 	var mu sync.Mutex
-	var ticks []time.Time
-	refused := make(chan error, 4)
-	j, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func(ctx context.Context) {
-		tick, _ := scheduler.TickFromContext(s.RunContext(ctx))
-		mu.Lock()
-		ticks = append(ticks, tick)
-		mu.Unlock()
-	}), gocron.WithName("manual"), gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
-		refused <- err
-	})))
+	kinds := map[string]int{}
+	hold := make(chan struct{})
+	var holding atomic.Bool
+	var jobs []gocron.Job
+	var scheds []*scheduler.Scheduler
+	for i := range 2 {
+		s, err := scheduler.New(newRedlock(t, cl.Clients(t)), scheduler.WithLockerOptions(scheduler.WithInstanceID(fmt.Sprint("i", i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Shutdown() })
+		j, err := s.NewJob(gocron.DurationJob(2*time.Second), gocron.NewTask(func(ctx context.Context) {
+			tick, ok := scheduler.TickFromContext(s.RunContext(ctx))
+			kind := "scheduled"
+			if ok && tick.Truncate(2*time.Second) != tick {
+				kind = "manual" // a manual run's tick is its start
+			}
+			mu.Lock()
+			kinds[kind]++
+			mu.Unlock()
+			if holding.Load() {
+				<-hold
+			}
+		}), gocron.WithName("job"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		jobs, scheds = append(jobs, j), append(scheds, s)
+	}
+	// Late in an interval, so that a RunNow that took the scheduled time
+	// would show.
+	time.Sleep(time.Until(time.Now().Truncate(2 * time.Second).Add(2*time.Second + 1500*time.Millisecond)))
+	count := func(kind string) int { mu.Lock(); defer mu.Unlock(); return kinds[kind] }
+	scheduled := count("scheduled")
+	for n := 1; n <= 2; n++ {
+		if err := jobs[0].RunNow(); err != nil {
+			t.Fatalf("RunNow %d: %v", n, err)
+		}
+		waitFor(t, 5*time.Second, func() bool { return count("manual") == n })
+	}
+	waitFor(t, 5*time.Second, func() bool { return count("scheduled") > scheduled })
+	// A run in progress on instance 1: instance 0's RunNow is refused.
+	holding.Store(true)
+	if err := jobs[1].RunNow(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() bool { return count("manual") == 3 })
+	err := jobs[0].RunNow()
+	if !errors.Is(err, scheduler.ErrHeldElsewhere) || !strings.Contains(err.Error(), `manual run held by another instance: a run of the job is in progress on "i1"`) {
+		t.Errorf("RunNow while a run goes on elsewhere: %v, want ErrHeldElsewhere naming i1", err)
+	}
+	holding.Store(false)
+	close(hold)
+	runs, err := scheds[0].History(context.Background(), "job", 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Start()
-	// The first scheduled run is at the next whole hour; RunNow takes the
-	// current tick of the 1 h grid, and a second RunNow is refused.
-	if err := j.RunNow(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(ticks) == 1 })
-	if err := j.RunNow(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-refused:
-		if !errors.Is(err, scheduler.ErrHeldElsewhere) {
-			t.Errorf("second RunNow: %v, want ErrHeldElsewhere (its tick has run)", err)
+	manual := 0
+	for _, r := range runs {
+		if r.Kind == "manual" {
+			manual++
+			if !r.Scheduled.IsZero() || r.Outcome == "" {
+				t.Errorf("manual run record %+v: want no scheduled time and an outcome", r)
+			}
 		}
-	case <-time.After(5 * time.Second):
-		t.Error("the second RunNow in the same tick was neither refused nor run")
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(ticks) != 1 {
-		t.Errorf("%d runs, want 1", len(ticks))
+	if manual < 2 {
+		t.Errorf("the run record has %d manual runs, want at least the 2 that ended", manual)
 	}
 }
 

@@ -17,11 +17,22 @@ const (
 	// job may run.
 	DefaultTTL = 10 * time.Second
 	// DefaultClockTolerance is the largest clock difference between two
-	// instances for which each tick still runs exactly once.
+	// instances that the Locker accepts without a clock_skew warning.
 	DefaultClockTolerance = time.Second
-	// DefaultTickResolution is the spacing of the tick grid for jobs whose
-	// schedule the Locker does not know: cron jobs fire on whole seconds.
+	// DefaultTickResolution is the spacing of the grid of scheduled times
+	// for jobs whose schedule the Locker does not know (a job of a plain
+	// gocron scheduler that was not given to Locker.Follow).
 	DefaultTickResolution = time.Second
+	// DefaultMisfireThreshold is how late a run may start after its
+	// scheduled time and still serve it (WithMisfireThreshold).
+	DefaultMisfireThreshold = time.Minute
+	// DefaultHistoryLength is how many entries the run record keeps per
+	// job (WithHistoryLength).
+	DefaultHistoryLength = 100
+	// DefaultRecordRetention is how long a job's run record and its
+	// latest scheduled time stay on the nodes after the job's last run
+	// (WithRecordRetention).
+	DefaultRecordRetention = 30 * 24 * time.Hour
 	// DefaultKeyPrefix starts every Redis key the Locker writes (after the
 	// redlock Client's own prefix).
 	DefaultKeyPrefix = "schedlock:"
@@ -40,6 +51,13 @@ type lockerConfig struct {
 	ttl         time.Duration
 	tolerance   time.Duration
 	resolution  time.Duration
+	misfire     time.Duration
+	misfireSet  bool
+	catchUp     time.Duration
+	history     int
+	retention   time.Duration
+	location    *time.Location
+	onMissed    func(job string, scheduled time.Time)
 	prefix      string
 	lockTimeout time.Duration
 	jitter      time.Duration
@@ -90,24 +108,24 @@ func WithInstanceID(id string) LockerOption {
 // Default DefaultTTL (10 s); NewLocker rejects values below 10 ms.
 func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.ttl = d } }
 
-// WithClockTolerance sets the largest difference between any two
-// instances' clocks (as seen by their gocron schedulers) for which each tick
-// still runs exactly once: the record of a tick is kept for twice this long
-// plus the job's Lock bound (WithLockTimeout). Every instance must use the
-// same tolerance, lock timeout and tick resolution.
+// WithClockTolerance sets the largest difference between two instances'
+// clocks (as seen by their gocron schedulers) that the Locker takes
+// without a clock_skew warning. Each scheduled time runs at most once
+// whatever the difference; within the tolerance, each also runs (the
+// instance whose clock is ahead runs it). Every Lock refused by another
+// instance's record measures the difference (docs/scheduling.md).
 // Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
-// values of a day or more. Zero keeps the record for the minimum of 100 ms
-// (plus the job's Lock bound).
+// values of a day or more; 0 warns at any difference above 50 ms.
 func WithClockTolerance(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.tolerance = d }
 }
 
-// WithTickResolution sets the grid that identifies a tick for jobs whose
-// schedule the Locker does not know (jobs added to a plain gocron scheduler):
-// a run that starts at local time t serves the tick t rounded to this grid
-// (see Locker.Lock). Default DefaultTickResolution (1 s), right for cron jobs
-// and for duration jobs that are multiples of 1 s aligned to whole seconds.
-// NewLocker rejects values below 1 ms.
+// WithTickResolution sets the grid of scheduled times for jobs whose
+// schedule the Locker does not know (jobs of a plain gocron scheduler not
+// given to Locker.Follow): a run at local time t serves the grid point at
+// or before it. Such a job's queued runs cannot be told from on-time ones
+// (docs/scheduling.md). Default DefaultTickResolution (1 s); NewLocker
+// rejects values below 1 ms.
 func WithTickResolution(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.resolution = d }
 }
@@ -120,13 +138,11 @@ func WithKeyPrefix(p string) LockerOption { return func(c *lockerConfig) { c.pre
 // its quorum rounds (each waits for a node up to half the bound, at least
 // the redlock Client's node timeout) and the retries of rounds that nodes
 // did not answer or that split the votes. A busy job is never waited for:
-// it is a skip. A Lock is bounded by the job's tick spacing less 250 ms
-// too, or by half the spacing where that is longer (the spacing is the
-// tick resolution, or a duration job's interval): gocron computes the next
-// run after Lock returns, and a longer Lock would make it skip a tick
-// without a report. Tick records live this bound longer than twice the
-// clock tolerance; every instance must use the same lock timeout. Default
-// DefaultLockTimeout (1 s); NewLocker rejects values <= 0.
+// it is a skip. A Lock also ends 250 ms before the job's next scheduled
+// time, or half-way to it where that is later: gocron computes the next
+// run after Lock returns, and a longer Lock would make it skip a
+// scheduled time without a report. Default DefaultLockTimeout (1 s);
+// NewLocker rejects values <= 0.
 func WithLockTimeout(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.lockTimeout = d }
 }
@@ -149,7 +165,7 @@ func WithLockJitter(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.jitter = d }
 }
 
-// WithClock sets the clock used to identify ticks. It must be the clock the
+// WithClock sets the clock used to find a run's scheduled time. It must be the clock the
 // gocron scheduler uses (gocron.WithClock); New passes it to gocron itself.
 // Default: the real clock. nil means the real clock.
 func WithClock(c clockwork.Clock) LockerOption {
@@ -169,4 +185,64 @@ func WithLogger(l *slog.Logger) LockerOption { return func(c *lockerConfig) { c.
 // (Locker.RunContext) is cancelled at the same time. Default: none.
 func WithLostHandler(f func(job string, err error)) LockerOption {
 	return func(c *lockerConfig) { c.onLost = f }
+}
+
+// WithMisfireThreshold sets how late a run may start after its scheduled
+// time and still serve it: a later run is a misfire, skipped with ErrLate
+// and recorded as late (Quartz's misfireThreshold). Runs come late from
+// gocron's wait modes, a busy executor or WithStartImmediately. Whatever
+// the threshold, a run never serves a scheduled time once a later one was
+// taken. The threshold bounds how long a scheduled time needs its record
+// on the nodes, so it must pass the redlock Client's TTL check
+// (redlock.Client.CheckTTL: at most the restart gate). Default
+// DefaultMisfireThreshold (1 min), or the Client's restart gate where
+// that is shorter; NewLocker rejects values below 1 ms.
+func WithMisfireThreshold(d time.Duration) LockerOption {
+	return func(c *lockerConfig) { c.misfire, c.misfireSet = d, true }
+}
+
+// WithCatchUp turns on catching up missed scheduled times (Quartz's "fire
+// once now", Kubernetes' startingDeadlineSeconds): when a Scheduler starts
+// (Scheduler.Start), each job whose latest scheduled time is at most
+// window ago runs that scheduled time once across the fleet, unless an
+// instance ran it; a run of it is recorded as a catch-up. Like the misfire
+// threshold, window must pass the Client's TTL check. Default 0: off;
+// NewLocker rejects negative values.
+func WithCatchUp(window time.Duration) LockerOption {
+	return func(c *lockerConfig) { c.catchUp = window }
+}
+
+// WithHistoryLength sets how many entries the run record keeps per job
+// (Scheduler.History): runs, misses and late skips, newest first. Default
+// DefaultHistoryLength (100); NewLocker rejects values below 1 or above
+// 10,000.
+func WithHistoryLength(n int) LockerOption { return func(c *lockerConfig) { c.history = n } }
+
+// WithRecordRetention sets how long a job's run record and its record of
+// the latest scheduled time taken stay on the nodes after its last write:
+// a job that does not run for longer loses its history, and its next run
+// cannot report what it missed meanwhile. Default DefaultRecordRetention
+// (30 days); NewLocker rejects values below the misfire threshold.
+func WithRecordRetention(d time.Duration) LockerOption {
+	return func(c *lockerConfig) { c.retention = d }
+}
+
+// WithLocation sets the location in which cron, daily, weekly and monthly
+// schedules are read: it must be the gocron scheduler's (gocron.WithLocation);
+// New passes it to gocron itself. Default: time.Local, gocron's default;
+// nil means the default.
+func WithLocation(loc *time.Location) LockerOption {
+	return func(c *lockerConfig) { c.location = loc }
+}
+
+// WithMissedHandler sets a function called, on the goroutine of the Lock
+// that found them, once for each scheduled time of job that ran nowhere
+// (nodes down, every instance stopped, a run lock left by a crash), in
+// time order and at most 100 times per Lock (the rest are counted and
+// logged). Each miss is also counted (schedlock.scheduler.runs, outcome
+// missed), logged at Warn and written to the run record. A scheduled time
+// skipped because the job's previous run was still running is not a miss.
+// Default: none.
+func WithMissedHandler(f func(job string, scheduled time.Time)) LockerOption {
+	return func(c *lockerConfig) { c.onMissed = f }
 }

@@ -173,8 +173,11 @@ func TestFalseClockSkewUnderLatency(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	logs := &logRecorder{}
 	mk := func(id string, nodes []redis.UniversalClient, opts ...scheduler.LockerOption) *scheduler.Locker {
+		// Hourly scheduled times: a Lock at any moment of the hour (but
+		// its last 250 ms) has its whole bound for the slow rounds.
 		l, err := scheduler.NewLocker(newRedlock(t, nodes), append([]scheduler.LockerOption{scheduler.WithInstanceID(id),
-			scheduler.WithClockTolerance(100 * time.Millisecond), scheduler.WithLockJitter(0)}, opts...)...)
+			scheduler.WithClockTolerance(100 * time.Millisecond), scheduler.WithLockJitter(0), scheduler.WithTickResolution(time.Hour),
+			scheduler.WithMisfireThreshold(time.Hour)}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

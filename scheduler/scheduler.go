@@ -15,10 +15,10 @@ import (
 
 var _ gocron.Scheduler = (*Scheduler)(nil)
 
-// Scheduler is a gocron.Scheduler whose jobs run once per tick across every
-// instance that uses the same Redis nodes. It embeds the gocron scheduler,
-// so every gocron method works as documented by gocron; NewJob and Update
-// add the checks and settings that a fleet needs:
+// Scheduler is a gocron.Scheduler whose jobs run once per scheduled time
+// across every instance that uses the same Redis nodes. It embeds the
+// gocron scheduler, so every gocron method works as documented by gocron;
+// NewJob, Update, Jobs and Start add what a fleet needs:
 //
 //   - a job must have a stable name (gocron.WithName): an empty name or
 //     gocron's default name for a closure ("main.main.func1") fails with
@@ -26,17 +26,17 @@ var _ gocron.Scheduler = (*Scheduler)(nil)
 //     this Scheduler that still has it with ErrDuplicateName (a name given
 //     through the embedded gocron methods, s.Scheduler.NewJob or Update, is
 //     not reliably caught);
-//   - a random-interval job (gocron.DurationRandomJob) fails with
-//     ErrRandomSchedule: instances share no ticks, so it would run once per
-//     instance;
+//   - the job's schedule gives its scheduled times, which every instance
+//     computes alike: a schedule whose times gocron counts from each
+//     instance's own start fails with ErrRandomSchedule (random intervals)
+//     or ErrUnsharedSchedule (cron's "@every", daily, weekly or monthly
+//     intervals above 1);
 //   - a duration job (gocron.DurationJob(d)) is anchored to the wall-clock
 //     grid of multiples of d (gocron.WithStartAt with the current time
-//     rounded down to d), so that instances started at different times tick
-//     at the same instants, and its ticks are identified on that grid; a
-//     duration job whose tick records (2 x clock tolerance, at least 100
-//     ms, + its Lock bound) have a TTL that the redlock Client rejects
-//     (redlock.Client.CheckTTL: e.g. above its restart gate) fails with an
-//     error matching redlock.ErrInvalidArgument.
+//     rounded down to d), so that instances started at different times
+//     fire at the same instants;
+//   - the jobs NewJob, Update and Jobs return run RunNow as a manual run
+//     (Job.RunNow), and Start catches up (WithCatchUp).
 //
 // Safe for concurrent use, as the gocron scheduler is.
 type Scheduler struct {
@@ -60,8 +60,9 @@ type Scheduler struct {
 type Option func(*schedConfig)
 
 type schedConfig struct {
-	locker []LockerOption
-	gocron []gocron.SchedulerOption
+	locker  []LockerOption
+	gocron  []gocron.SchedulerOption
+	monitor gocron.MonitorStatus
 }
 
 // WithLockerOptions passes options to the Scheduler's Locker (NewLocker).
@@ -70,11 +71,22 @@ func WithLockerOptions(opts ...LockerOption) Option {
 }
 
 // WithGocronOptions passes options to gocron.NewScheduler, after the ones New
-// sets (gocron.WithClock with the Locker's clock, and
-// gocron.WithDistributedLocker). Do not pass gocron.WithDistributedElector:
-// with an elector gocron consults no locker.
+// sets (gocron.WithClock with the Locker's clock, gocron.WithLocation with
+// its location, gocron.WithDistributedLocker and gocron.WithMonitorStatus).
+// Do not pass gocron.WithDistributedElector (with an elector gocron
+// consults no locker), gocron.WithLocation (set WithLocation among the
+// Locker's options, so that both read schedules alike) or
+// gocron.WithMonitor and WithMonitorStatus (they replace the monitor that
+// tells the run record each run's outcome: use WithMonitor).
 func WithGocronOptions(opts ...gocron.SchedulerOption) Option {
 	return func(c *schedConfig) { c.gocron = append(c.gocron, opts...) }
+}
+
+// WithMonitor passes m every call of the gocron monitor that the Scheduler
+// installs (gocron.WithMonitorStatus) to learn each run's outcome for the
+// run record. Default: none; nil means none.
+func WithMonitor(m gocron.MonitorStatus) Option {
+	return func(c *schedConfig) { c.monitor = m }
 }
 
 // New returns a gocron scheduler whose jobs are locked through client with a
@@ -95,13 +107,57 @@ func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
 	}
 	gopts := append([]gocron.SchedulerOption{
 		gocron.WithClock(locker.cfg.clock),
+		gocron.WithLocation(locker.cfg.location),
 		gocron.WithDistributedLocker(locker),
+		gocron.WithMonitorStatus(&monitor{l: locker, next: cfg.monitor}),
 	}, cfg.gocron...)
 	s, err := gocron.NewScheduler(gopts...)
 	if err != nil {
 		return nil, &textError{msg: "scheduler: creating the gocron scheduler: " + gocronText(err), errs: []error{err}}
 	}
 	return &Scheduler{Scheduler: s, locker: locker}, nil
+}
+
+// monitor is the gocron.MonitorStatus through which the Scheduler learns
+// each run's outcome, before gocron calls Unlock.
+type monitor struct {
+	l    *Locker
+	next gocron.MonitorStatus
+}
+
+func (m *monitor) IncrementJob(id uuid.UUID, name string, tags []string, status gocron.JobStatus) {
+	if m.next != nil {
+		m.next.IncrementJob(id, name, tags, status)
+	}
+}
+
+func (m *monitor) RecordJobTiming(start, end time.Time, id uuid.UUID, name string, tags []string) {
+	if m.next != nil {
+		m.next.RecordJobTiming(start, end, id, name, tags)
+	}
+}
+
+func (m *monitor) RecordJobTimingWithStatus(start, end time.Time, id uuid.UUID, name string, tags []string, status gocron.JobStatus, err error) {
+	m.l.finished(name, status, err)
+	if m.next != nil {
+		m.next.RecordJobTimingWithStatus(start, end, id, name, tags, status, err)
+	}
+}
+
+// finished passes the outcome gocron reports for job's run in progress
+// here to the run.
+func (l *Locker) finished(job string, status gocron.JobStatus, err error) {
+	l.mu.Lock()
+	run := l.state(job).run
+	l.mu.Unlock()
+	if run == nil {
+		return
+	}
+	outcome := outcomeOK
+	if status != gocron.Success {
+		outcome = outcomeFailed
+	}
+	run.finished(outcome, err)
 }
 
 // Locker returns the Scheduler's Locker.
@@ -118,8 +174,19 @@ func (s *Scheduler) RunContext(ctx context.Context) context.Context {
 	return s.locker.RunContext(ctx)
 }
 
+// InstanceID returns the instance ID of the Scheduler's Locker
+// (Locker.InstanceID).
+func (s *Scheduler) InstanceID() string { return s.locker.InstanceID() }
+
+// History returns the newest n entries of job's run record
+// (Locker.History).
+func (s *Scheduler) History(ctx context.Context, job string, n int) ([]Run, error) {
+	return s.locker.History(ctx, job, n)
+}
+
 // NewJob is gocron's NewJob with the checks described on Scheduler. On an
-// error no job is left in the scheduler.
+// error no job is left in the scheduler. The Job it returns runs
+// RunNow as a manual run (Job.RunNow).
 func (s *Scheduler) NewJob(def gocron.JobDefinition, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -143,8 +210,78 @@ func (s *Scheduler) Update(id uuid.UUID, def gocron.JobDefinition, task gocron.T
 	return s.settle(j, def, task, opts)
 }
 
-// settle checks the name of the new job j and anchors a duration job to
-// its grid, re-creating it under the same ID.
+// Jobs is gocron's Jobs, each as a Job whose RunNow is a manual run.
+func (s *Scheduler) Jobs() []gocron.Job {
+	jobs := s.Scheduler.Jobs()
+	for i, j := range jobs {
+		jobs[i] = &Job{Job: j, s: s}
+	}
+	return jobs
+}
+
+// Start is gocron's Start; then, with WithCatchUp, it asks for a catch-up
+// run of each job whose latest scheduled time is within the catch-up
+// window (WithCatchUp), which runs once across the fleet unless an
+// instance ran that scheduled time.
+func (s *Scheduler) Start() {
+	s.Scheduler.Start()
+	if s.locker.cfg.catchUp <= 0 {
+		return
+	}
+	now := s.locker.cfg.clock.Now()
+	for _, j := range s.Scheduler.Jobs() {
+		at, ok := latest(s.locker.timetable(j.Name()), now, time.Time{})
+		if !ok || now.Sub(at) > s.locker.cfg.catchUp {
+			continue
+		}
+		r := s.locker.request(j.Name(), at)
+		if err := j.RunNow(); err != nil {
+			s.locker.cancel(j.Name(), r)
+			s.locker.log.Warn("scheduler: gocron refused a catch-up run", "job", j.Name(), "scheduled", at, "err", err)
+		}
+	}
+}
+
+// Job is a gocron.Job of a Scheduler: RunNow runs it as a manual run.
+type Job struct {
+	gocron.Job
+	s *Scheduler
+}
+
+// RunNow asks gocron for a run of the job now, as a manual run: it takes
+// the job's run lock, so that it never overlaps a run of the job on any
+// instance, but no scheduled time (the job's scheduled runs go on as
+// before), and the run record keeps it as manual. It returns once that
+// run's Lock has decided, at most the lock timeout (WithLockTimeout) plus
+// 5 s later: nil when the run started, or the Lock's error, e.g. one
+// matching ErrHeldElsewhere while a run of the job is in progress on an
+// instance; gocron's own errors (gocron.ErrJobRunNowFailed,
+// ErrJobNotFound) as they come. A run still queued in gocron then (a wait
+// mode) runs later as a scheduled run; gocron drops a RunNow of a job that
+// runs here in singleton or limit reschedule mode, and the next run of the
+// job that starts before that wait ends runs as the manual one. Safe for
+// concurrent use.
+func (j *Job) RunNow() error {
+	l := j.s.locker
+	r := l.request(j.Name(), time.Time{})
+	if err := j.Job.RunNow(); err != nil {
+		l.cancel(j.Name(), r)
+		return err
+	}
+	t := time.NewTimer(l.cfg.lockTimeout + 5*time.Second)
+	defer t.Stop()
+	select {
+	case err := <-r.done:
+		return err
+	case <-t.C:
+		l.cancel(j.Name(), r) // still queued in gocron, or dropped by it
+		return nil
+	}
+}
+
+// settle checks the name and schedule of the new job j, gives the Locker
+// its timetable, and anchors a duration job to its grid, re-creating it
+// under the same ID.
 func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.Task, opts []gocron.JobOption) (gocron.Job, error) {
 	name := j.Name()
 	fail := func(err error) (gocron.Job, error) {
@@ -154,14 +291,40 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 	if err := checkName(name); err != nil {
 		return fail(err)
 	}
-	if r, ok := j.Schedule().(gocron.DurationRandomJobSchedule); ok {
-		return fail(fmt.Errorf("%w: job %q runs every %v to %v at random; use a fixed interval (gocron.DurationJob) or a cron schedule",
-			ErrRandomSchedule, name, r.Min, r.Max))
+	tt, err := newTimetable(j.Schedule(), s.locker.cfg.location)
+	if err != nil {
+		return fail(fmt.Errorf("%w (job %q)", err, name))
 	}
+	if err := s.index(j); err != nil {
+		return fail(err)
+	}
+	s.locker.setTimetable(name, tt)
+	d, ok := tt.(grid)
+	if !ok {
+		return &Job{Job: j, s: s}, nil
+	}
+	anchor := s.locker.cfg.clock.Now().Truncate(time.Duration(d))
+	aligned := append(append([]gocron.JobOption(nil), opts...),
+		gocron.WithStartAt(gocron.WithStartDateTimePast(anchor)),
+		gocron.WithIdentifier(j.ID()))
+	if err := s.Scheduler.RemoveJob(j.ID()); err != nil {
+		return nil, recreateError(name, err)
+	}
+	j, err = s.Scheduler.NewJob(def, task, aligned...)
+	if err != nil {
+		return nil, recreateError(name, err)
+	}
+	return &Job{Job: j, s: s}, nil
+}
+
+// index checks that no other job of the Scheduler has j's name, and
+// records it in the index of names.
+func (s *Scheduler) index(j gocron.Job) error {
+	name := j.Name()
 	if id, ok := s.names[name]; ok && id != j.ID() {
 		for _, other := range s.Scheduler.Jobs() {
 			if other.ID() != j.ID() && other.Name() == name {
-				return fail(fmt.Errorf("%w: job %s is already named %q", ErrDuplicateName, other.ID(), name))
+				return fmt.Errorf("%w: job %s is already named %q", ErrDuplicateName, other.ID(), name)
 			}
 		}
 	}
@@ -176,46 +339,15 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 		}
 		s.indexed = len(s.names)
 	}
-	ds, ok := j.Schedule().(gocron.DurationJobSchedule)
-	if !ok || ds.Duration <= 0 {
-		s.locker.setResolution(name, 0)
-		return j, nil
-	}
-	if err := s.locker.cfg.checkRecords(s.locker.client, ds.Duration, name); err != nil {
-		return fail(err)
-	}
-	anchor := s.locker.cfg.clock.Now().Truncate(ds.Duration)
-	aligned := append(append([]gocron.JobOption(nil), opts...),
-		gocron.WithStartAt(gocron.WithStartDateTimePast(anchor)),
-		gocron.WithIdentifier(j.ID()))
-	if err := s.Scheduler.RemoveJob(j.ID()); err != nil {
-		return nil, recreateError(name, err)
-	}
-	j, err := s.Scheduler.NewJob(def, task, aligned...)
-	if err != nil {
-		return nil, recreateError(name, err)
-	}
-	s.locker.setResolution(name, ds.Duration)
-	return j, nil
+	return nil
 }
 
 // recreateError is the error of a duration job that could not be
-// re-created on its tick grid.
+// re-created on its grid.
 func recreateError(name string, err error) error {
-	return &textError{msg: fmt.Sprintf("scheduler: re-creating duration job %q on its tick grid: %s", name, gocronText(err)), errs: []error{err}}
+	return &textError{msg: fmt.Sprintf("scheduler: re-creating duration job %q on its grid: %s", name, gocronText(err)), errs: []error{err}}
 }
 
 // gocronText returns the text of a gocron error without gocron's package
 // prefix, to be quoted in the text of an error that wraps it.
 func gocronText(err error) string { return strings.TrimPrefix(err.Error(), "gocron: ") }
-
-// setResolution sets the tick grid of job (0: the default resolution).
-func (l *Locker) setResolution(job string, every time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if every <= 0 {
-		delete(l.resolutions, job)
-		return
-	}
-	l.resolutions[job] = resolution{every: every}
-}

@@ -119,15 +119,16 @@ func TestLockTellsBusyFromUnavailable(t *testing.T) {
 	var held *redlock.QuorumError
 	if lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, redlock.ErrUnavailable) || !errors.As(err, &held) {
 		t.Errorf("Lock of the same tick on another instance = %v, %v; want nil, ErrHeldElsewhere with a *QuorumError", lb, err)
-	} else if want := `scheduler: job "report" tick 2026-01-01T12:00:00Z held by another instance: the tick was already taken by "a"`; err.Error() != want {
+	} else if want := `scheduler: job "report" scheduled time 2026-01-01T12:00:00Z held by another instance: "a" already ran it`; err.Error() != want {
 		t.Errorf("Lock error reads\n%s\nwant\n%s", err, want)
 	}
 	if err := la.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
 	}
-	// Same tick again after the run: still taken.
-	if lb, err := b.Lock(ctx, "report"); lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) {
-		t.Errorf("Lock of a finished tick = %v, %v; want nil, ErrHeldElsewhere", lb, err)
+	// Same scheduled time again after the run: taken on the nodes, and
+	// already served by b: a late run.
+	if lb, err := b.Lock(ctx, "report"); lb != nil || !errors.Is(err, scheduler.ErrLate) {
+		t.Errorf("Lock of a finished scheduled time = %v, %v; want nil, ErrLate", lb, err)
 	}
 	// The next tick is free.
 	clock.Advance(time.Second)
@@ -147,7 +148,7 @@ func TestLockTellsBusyFromUnavailable(t *testing.T) {
 	var qerr *redlock.QuorumError
 	if l != nil || !errors.Is(err, redlock.ErrUnavailable) || errors.Is(err, scheduler.ErrHeldElsewhere) || !errors.As(err, &qerr) {
 		t.Errorf("Lock with 2 of 3 nodes down = %v, %v; want nil, ErrUnavailable with a *QuorumError", l, err)
-	} else if want := `scheduler: job "report" tick 2026-01-01T12:00:02Z skipped: Redis unavailable: lock "schedlock:job:report" not acquired: `; !strings.HasPrefix(err.Error(), want) {
+	} else if want := `scheduler: job "report" scheduled time 2026-01-01T12:00:02Z skipped: Redis unavailable: lock "schedlock:job:report" not acquired: `; !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("Lock error reads\n%s\nwant it to start with\n%s", err, want)
 	}
 }
@@ -187,9 +188,12 @@ func TestTickGrid(t *testing.T) {
 	}{
 		{"cron", 7 * time.Second, 7 * time.Second},
 		{"cron", 7*time.Second + 600*time.Millisecond, 7 * time.Second}, // fired late
-		{"cron", 7*time.Second - 100*time.Millisecond, 7 * time.Second}, // fired early
+		{"cron", 7*time.Second + 950*time.Millisecond, 7 * time.Second}, // queued
+		{"cron", 7*time.Second - 100*time.Millisecond, 6 * time.Second},
 		{"every5", 10*time.Second + 30*time.Millisecond, 10 * time.Second},
-		{"every5", 10*time.Second - time.Second, 10 * time.Second},
+		{"every5", 10*time.Second - 50*time.Millisecond, 5 * time.Second},
+		{"every5", 10*time.Second - time.Second, 5 * time.Second},
+		{"every5", 14*time.Second + 800*time.Millisecond, 10 * time.Second}, // queued
 		{"unknown", 3*time.Second + 5*time.Millisecond, 3 * time.Second},
 	}
 	for _, tt := range tests {

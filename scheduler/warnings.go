@@ -18,28 +18,29 @@ import (
 // the configured logger (WithLogger) at most once a minute per kind and job.
 const (
 	// warnUnstableName: a job whose name differs between builds (empty, or
-	// gocron's default name for an unnamed function); its ticks are
+	// gocron's default name for an unnamed function); its runs are
 	// skipped with ErrUnstableName.
 	warnUnstableName = "unstable_name"
-	// warnDuplicateInstance: another process writes tick records with this
+	// warnDuplicateInstance: another process writes records with this
 	// Locker's instance ID (WithInstanceID).
 	warnDuplicateInstance = "duplicate_instance"
-	// warnClockSkew: the instance that took a tick had a clock further from
-	// this one's than the clock tolerance.
+	// warnClockSkew: the instance that took a scheduled time had a clock
+	// further from this one's than the clock tolerance.
 	warnClockSkew = "clock_skew"
-	// warnSettingsMismatch: the instance that took a tick keeps its tick
-	// records for another time than this one: the instances differ in
-	// clock tolerance, lock timeout, tick resolution or the job's schedule.
+	// warnSettingsMismatch: the instance that took a scheduled time runs
+	// the job on another schedule (or in another location).
 	warnSettingsMismatch = "settings_mismatch"
+	// warnLate: a run came too late for its scheduled time (ErrLate).
+	warnLate = "late"
 )
 
 // warnEvery is how often one kind of warning is logged for one job.
 const warnEvery = time.Minute
 
-// maxInstance is the longest instance ID: its clock reading and nonce
-// (clockSep, up to 20 digits, nonceSep, 8 hex digits) must fit in the
-// lock's metadata.
-const maxInstance = redlock.MaxMetadata - 30
+// maxInstance is the longest instance ID: its clock reading, nonce and
+// retention (clockSep, up to 20 digits, nonceSep, 8 hex digits, nonceSep,
+// up to 20 digits) must fit in the lock's metadata.
+const maxInstance = redlock.MaxMetadata - 51
 
 type warnings struct {
 	log    *slog.Logger
@@ -85,30 +86,25 @@ func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
 	}
 }
 
-// checkRecord checks the tick record that refused a Lock (r) against this
-// Locker. A record kept for another time than this Locker's is a warning:
-// the instances do not share their settings, and one whose records are
-// shorter can let a late round of the other find the tick free. Then it
-// measures how far the clock of the instance that wrote the record is
-// from this one's: the writer stored its clock reading and the record's
-// TTL in the record's metadata, and the record has aged TTL -
-// r.HolderTTL since (by the node's clock, which both share). A difference
-// beyond the clock tolerance is a warning: an instance whose clock
-// differs by more than twice the tolerance no longer finds the record and
-// runs the tick again.
-func (l *Locker) checkRecord(ctx context.Context, job string, r redlock.NodeResult) {
-	_, written, nonce, ttl := splitHolder(r.Holder)
-	if nonce == "" || r.HolderTTL <= 0 {
-		return // written by an earlier release: no clock reading
+// checkRecord checks the job's record of scheduled times that refused a
+// Lock of claim c (r) against this Locker. A scheduled time there that is
+// not on this instance's schedule of the job is a warning: the instances
+// run the job on different schedules (a deploy that changes it, or a
+// location set differently). Then it measures how far the clock of the
+// instance that wrote the record is from this one's: the writer stored its
+// clock reading and the record's retention in its metadata, and the record
+// has aged retention - r.HolderTTL since (by the node's clock, which both
+// share). A difference beyond the clock tolerance is a warning: the
+// instance whose clock is ahead runs the scheduled times, and the others
+// come late for them.
+func (l *Locker) checkRecord(ctx context.Context, job string, c claim, r redlock.NodeResult) {
+	if m := time.UnixMilli(r.HolderMark); c.kind != kindManual && !onSchedule(l.timetable(job), m) {
+		l.warn(ctx, warnSettingsMismatch, job, "scheduler: another instance ran a scheduled time that is not on this instance's schedule of the job; "+
+			"instances must share the job's schedule and location (WithLocation)", "theirs", m, "ours", c.at)
 	}
-	ours := l.tickTTL(job).Truncate(time.Millisecond)
-	switch {
-	case ttl == 0: // written by an earlier release: no TTL
-		ttl = ours
-	case ttl != ours:
-		l.warn(ctx, warnSettingsMismatch, job, "scheduler: another instance keeps this job's tick records for another time than this one; "+
-			"instances must share WithClockTolerance, WithLockTimeout, WithTickResolution and the job's schedule, or a tick can run twice",
-			"theirs", ttl, "ours", ours)
+	_, written, nonce, ttl := splitHolder(r.Holder)
+	if nonce == "" || ttl <= 0 || r.HolderTTL <= 0 {
+		return // written by an earlier release: no clock reading
 	}
 	// The writer read its clock before its script ran, this instance reads
 	// it after its reply: the reading is low by up to about a round trip
@@ -120,7 +116,11 @@ func (l *Locker) checkRecord(ctx context.Context, job string, r redlock.NodeResu
 		l.warnings.offset.Record(ctx, abs.Seconds(), metric.WithAttributes(tracing.Job.String(job)))
 	}
 	if abs > max(l.cfg.tolerance, 50*time.Millisecond)+r.Latency {
-		l.warn(ctx, warnClockSkew, job, "scheduler: an instance's clock is further from this one's than the clock tolerance; ticks run twice once the difference exceeds twice the tolerance",
+		l.warn(ctx, warnClockSkew, job, "scheduler: another instance's clock is further from this one's than the clock tolerance; "+
+			"each scheduled time still runs at most once, on the instance whose clock is ahead, and the others come late for it",
 			"offset", offset.Round(time.Millisecond), "tolerance", l.cfg.tolerance)
 	}
 }
+
+// onSchedule reports whether t is a scheduled time of tt.
+func onSchedule(tt timetable, t time.Time) bool { return tt.next(t.Add(-time.Millisecond)).Equal(t) }

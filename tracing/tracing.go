@@ -154,6 +154,10 @@ const (
 	Job      = attribute.Key("schedlock.job")
 	Tick     = attribute.Key("schedlock.tick") // RFC 3339 with ms
 	Instance = attribute.Key("schedlock.instance")
+	// RunKind is what a scheduler run serves: scheduled (a scheduled time
+	// of the job's schedule), manual (RunNow: no scheduled time) or
+	// catch-up (a missed scheduled time, run late: WithCatchUp).
+	RunKind = attribute.Key("schedlock.run.kind")
 	// Warning is the kind of a misconfiguration the scheduler detected
 	// (MetricWarnings): unstable_name, duplicate_instance, clock_skew,
 	// settings_mismatch.
@@ -178,12 +182,19 @@ const (
 	OutcomeInvalid     = "invalid"     // bad input
 	OutcomeRan         = "ran"         // scheduler: the job ran here
 	OutcomeSkippedHeld = "skipped_held_elsewhere"
+	// OutcomeSkippedLate: the run came too late for its scheduled time
+	// (a later one was taken, or the misfire threshold had passed).
+	OutcomeSkippedLate = "skipped_late"
+	// OutcomeMissed counts scheduled times that ran nowhere, once each,
+	// when a later run of the job finds them.
+	OutcomeMissed      = "missed"
 	OutcomeSkippedDown = "skipped_redis_unavailable"
 	// OutcomeSkippedStopped: gocron stopped the job (Shutdown, RemoveJob,
 	// Update, StopJobs) while its lock was being taken.
 	OutcomeSkippedStopped = "skipped_stopped"
 	// OutcomeSkippedMisconfigured: the job cannot run exactly once as
-	// configured (an unstable name: ErrUnstableName).
+	// configured (an unstable name: ErrUnstableName), or a node needs an
+	// operator's fix.
 	OutcomeSkippedMisconfigured = "skipped_misconfigured"
 )
 
@@ -213,9 +224,9 @@ const (
 	MetricExtendFailures  = "schedlock.lock.extend.failures"   // counter: Extend calls that failed
 	MetricNodeErrors      = "schedlock.node.errors"            // counter: per node (server.address), error or timeout
 	MetricHeld            = "schedlock.lock.held"              // up-down counter: locks held by this process
-	MetricJobRuns         = "schedlock.scheduler.runs"         // counter: job ticks by outcome (ran, skipped_*)
+	MetricJobRuns         = "schedlock.scheduler.runs"         // counter: job runs by outcome (ran, skipped_*, missed)
 	MetricWarnings        = "schedlock.scheduler.warnings"     // counter: misconfigurations detected, by schedlock.warning and job
-	MetricClockOffset     = "schedlock.scheduler.clock_offset" // histogram, s: clock difference to the instance whose tick record refused a Lock
+	MetricClockOffset     = "schedlock.scheduler.clock_offset" // histogram, s: clock difference to the instance whose record refused a Lock
 	MetricLeaderships     = "schedlock.elector.leaderships"    // counter: leaderships gained by this process
 	MetricLeading         = "schedlock.elector.leading"        // up-down counter: 1 while this candidate leads
 )

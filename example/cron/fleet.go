@@ -84,7 +84,12 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 	// Ticks are on the instances' clocks: judge the window in tick time,
 	// where every instance was running.
 	lo, hi := slices.Min(offsets), slices.Max(offsets)
-	return rec.summarize(stdout, start.Add(judgeFrom+hi), end.Add(-judgeUntil+lo), stats)
+	from, to := start.Add(judgeFrom+hi), end.Add(-judgeUntil+lo)
+	err = rec.summarize(stdout, from, to, stats)
+	if perr := printRecord(ctx, stdout, nodes.Addrs, from, to); perr != nil && err == nil {
+		err = perr
+	}
+	return err
 }
 
 // printHeader tells what is about to happen.
@@ -220,7 +225,8 @@ func newInstance(id int, offset time.Duration, addrs []string, cfg config, onRun
 		return nil, err
 	}
 	in.locks = locks
-	lockerOpts := []scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(offset))}
+	lockerOpts := []scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(offset)),
+		scheduler.WithInstanceID(fmt.Sprintf("instance-%d", id))}
 	if cfg.ttl > 0 {
 		lockerOpts = append(lockerOpts, scheduler.WithTTL(cfg.ttl))
 	}

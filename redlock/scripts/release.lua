@@ -5,10 +5,24 @@
 -- delete the key only when no hold is left. When ARGV[3] is not empty, a
 -- deleted key that a waiter marked (byte 33 '_' or 't') publishes ARGV[3] on
 -- "<key>:released"; PUBLISH runs under pcall, so that a user whose ACL
--- denies the channel still releases.
+-- denies the channel still releases. When ARGV[4] is '1' (the undo of an
+-- attempt that raised a high-water mark), the last key is the mark: if
+-- this attempt raised it, the mark before is put back (not counted).
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]
 local n = #KEYS
+if ARGV[4] == '1' then
+  local mk = KEYS[n]
+  n = n - 1
+  local m = redis.call('HMGET', mk, 'v', 'pm', 'pv')
+  if m[1] and string.sub(m[1], 1, 32) == tok then
+    if m[2] and m[2] ~= '' then
+      redis.call('HSET', mk, 'm', m[2], 'v', m[3], 'pm', '', 'pv', '')
+    else
+      redis.call('DEL', mk)
+    end
+  end
+end
 if aid ~= '' then n = n / 2 end
 local mine = 0
 for i = 1, n do

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/scheduler"
+)
+
+// printRecord reads each job's run record from the nodes at addrs, as any
+// instance of the fleet could (scheduler.Locker.History), and prints, for
+// the scheduled times from..to, who ran them and how many were missed or
+// skipped as late.
+func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time.Time) error {
+	nodes := make([]redis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
+	}
+	defer func() {
+		for _, n := range nodes {
+			_ = n.Close()
+		}
+	}()
+	locks, err := redlock.New(nodes)
+	if err != nil {
+		return err
+	}
+	defer locks.Close(context.Background())
+	reader, err := scheduler.NewLocker(locks, scheduler.WithInstanceID("reader"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nFrom the run record on the nodes (scheduler.History), for the same scheduled times:\n\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "job\tscheduled times run\tran on\tmissed\tlate skips\tfailed\tlatest")
+	for _, j := range jobs {
+		runs, err := reader.History(ctx, j.name, scheduler.DefaultHistoryLength)
+		if err != nil {
+			return fmt.Errorf("reading the run record of %s: %w", j.name, err)
+		}
+		s := summarizeRecord(runs, from, to)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%s\n", j.name, s.ran, s.byInstance(), s.missed, s.late, s.failed, s.latest)
+	}
+	return tw.Flush()
+}
+
+// recordSummary counts a job's run record over a window of scheduled
+// times.
+type recordSummary struct {
+	ran, missed, late, failed int
+	instances                 map[string]int
+	latest                    string
+}
+
+func summarizeRecord(runs []scheduler.Run, from, to time.Time) recordSummary {
+	s := recordSummary{instances: map[string]int{}, latest: "-"}
+	for _, r := range runs {
+		if s.latest == "-" && r.Kind == "scheduled" {
+			s.latest = fmt.Sprintf("%s by %s, %s", r.Scheduled.Local().Format("15:04:05"), r.Instance, r.Outcome)
+		}
+		if r.Scheduled.Before(from) || r.Scheduled.After(to) {
+			continue
+		}
+		switch r.Kind {
+		case "scheduled", "catch-up":
+			s.ran++
+			s.instances[r.Instance]++
+			if r.Outcome == "failed" || r.Outcome == "lost" {
+				s.failed++
+			}
+		case "missed":
+			s.missed += r.Missed
+		case "late":
+			s.late++
+		}
+	}
+	return s
+}
+
+// byInstance reads "instance-0: 3, instance-1: 2".
+func (s recordSummary) byInstance() string {
+	var parts []string
+	for _, id := range slices.Sorted(maps.Keys(s.instances)) {
+		parts = append(parts, fmt.Sprintf("%s: %d", id, s.instances[id]))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,115 @@
+package redlock
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock/internal/node"
+)
+
+// Script is a Lua script for Client.Eval. Its SHA1 is computed once, by
+// NewScript; it goes to a node as EVALSHA, and as EVAL where the node does
+// not know it yet. Safe for concurrent use.
+type Script struct{ s *node.Script }
+
+// NewScript returns the script of Lua source src (redis.io "Scripting
+// with Lua").
+func NewScript(src string) *Script { return &Script{s: node.NewScript(src)} }
+
+// NodeReply is one node's answer to Client.Eval.
+type NodeReply struct {
+	// Node is the node's index in the slice given to New.
+	Node int
+	// Addr is the node's address ("host:port") when the client exposes
+	// one, else "node<i>".
+	Addr string
+	// Val is the script's reply as go-redis reads it (nil for a Lua nil or
+	// false) when Err is nil.
+	Val any
+	// Err is the node's error, or the reason it has none (no answer within
+	// the node timeout, the caller's ctx ended); nil when it answered.
+	Err error
+}
+
+// Eval runs s on every node in one parallel round, with keys (each
+// prefixed with the Client's key prefix, WithKeyPrefix) and args, and
+// returns every node's reply in node order once each node has answered,
+// failed, or the node timeout passed. It is the way to keep data of one's
+// own beside the locks, on the same nodes and through the same connections
+// (the scheduler's run record): a write reaches each node that answers; a
+// read merges what a quorum of nodes says. The script must follow the
+// rules of Redis scripts (every key it touches in keys). A node that has
+// not answered by the node timeout, or that Close left, is not waited for.
+//
+// Errors: ErrInvalidArgument for a nil script or a key with a NUL byte (no
+// I/O then); ErrClosed after Close; otherwise, when fewer than a quorum of
+// nodes answered without an error, a *QuorumError matching ErrUnavailable
+// (op "eval"), returned with the replies. Safe for concurrent use.
+func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any) ([]NodeReply, error) {
+	if s == nil {
+		return nil, invalidf("the script (Eval) is nil")
+	}
+	if c.closed.Load() {
+		return nil, wrapf([]error{ErrClosed}, "script not run: the client is closed")
+	}
+	prefixed := make([]string, len(keys))
+	for i, k := range keys {
+		if hasNUL(k) {
+			return nil, invalidf("key %q (Eval) contains a NUL byte", k)
+		}
+		prefixed[i] = c.cfg.keyPrefix + k
+	}
+	rs := c.round(ctx, roundSpec{op: "eval", script: s.s, keys: prefixed, args: args, parse: parseEval, waitAll: true})
+	out := make([]NodeReply, len(rs))
+	for i, r := range rs {
+		out[i] = NodeReply{Node: r.Node, Addr: r.Addr, Val: r.val, Err: r.Err}
+		if r.Outcome != OutcomeOK && r.Err == nil {
+			out[i].Err = errNotAnswered
+		}
+	}
+	if count(rs, OutcomeOK) < c.quorum {
+		return out, newQuorumError("eval", keys, c.quorum, rs, true)
+	}
+	return out, nil
+}
+
+// errNotAnswered is the Err of a node that Eval did not wait for.
+var errNotAnswered = wrapf(nil, "no answer within the node timeout")
+
+// parseEval reads any reply of an Eval script.
+func parseEval(cmd *redis.Cmd) NodeResult {
+	return NodeResult{Outcome: OutcomeOK, val: cmd.Val()}
+}
+
+// ReleaseAbandoned deletes the key of resource on every node where it
+// holds a plain lock (no WithOwner, WithFencing) whose metadata is exactly
+// metadata, and returns on how many nodes it did. It is for a caller that
+// knows it abandoned an acquisition, one whose undo may have reached a
+// node before the grant it was to delete (go-redis sent the grant again
+// on a new connection), and that wrote metadata unique to that
+// acquisition: the scheduler's run locks carry the instance, its clock
+// reading and a per-process nonce. Anyone who knows a lock's metadata can
+// delete it this way, so never use it on metadata that two holders can
+// share. One round, waiting for every node up to the node timeout.
+//
+// Errors: ErrInvalidArgument for a bad resource name or empty metadata (no
+// I/O then); ErrClosed after Close; a *QuorumError matching ErrUnavailable
+// (op "eval") when fewer than a quorum of nodes answered. Safe for
+// concurrent use.
+func (c *Client) ReleaseAbandoned(ctx context.Context, resource, metadata string) (int, error) {
+	if err := c.checkResources([]string{resource}); err != nil {
+		return 0, err
+	}
+	if metadata == "" {
+		return 0, invalidf("the metadata (ReleaseAbandoned) is empty: it would match every lock without metadata")
+	}
+	replies, err := c.Eval(ctx, &Script{s: abandonScript}, []string{resource}, metadata)
+	n := 0
+	for _, r := range replies {
+		if v, ok := r.Val.(int64); ok && r.Err == nil && v == 1 {
+			n++
+		}
+	}
+	return n, err
+}

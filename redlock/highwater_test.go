@@ -1,0 +1,212 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+// TestHighWaterRefusesAtOrBelow: a mark refuses every later acquisition at
+// or below it, also after the lock is released, names itself and its mark
+// in the refusal, and a granted acquisition above it reports the mark it
+// replaced.
+func TestHighWaterRefusesAtOrBelow(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"run"}, 5*time.Second, redlock.WithHighWater("mark", 100, time.Minute),
+		redlock.WithMetadata("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.PreviousMark(); got != 0 {
+		t.Errorf("PreviousMark of the first raise = %d, want 0", got)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int64{100, 50} {
+		_, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", at, time.Minute))
+		var qerr *redlock.QuorumError
+		if !errors.As(err, &qerr) || qerr.Count(redlock.OutcomeHeld) != 3 || errors.Is(err, redlock.ErrUnavailable) {
+			t.Fatalf("acquire at %d below the mark 100: %v, want held on every node", at, err)
+		}
+		for _, r := range qerr.Nodes {
+			if r.Resource != "mark" || r.Holder != "a" || r.HolderMark != 100 || r.HolderTTL <= 0 {
+				t.Errorf("at %d, node %d: refused by %q (holder %q, mark %d, TTL %v), want the mark 100 of a with a TTL",
+					at, r.Node, r.Resource, r.Holder, r.HolderMark, r.HolderTTL)
+			}
+		}
+	}
+	l, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", 101, time.Minute))
+	if err != nil {
+		t.Fatalf("acquire above the mark: %v", err)
+	}
+	if got := l.PreviousMark(); got != 100 {
+		t.Errorf("PreviousMark = %d, want 100", got)
+	}
+	// The lock's own keys refuse a higher mark while it is held; the mark
+	// does not move then.
+	_, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", 200, time.Minute))
+	var qerr *redlock.QuorumError
+	if !errors.As(err, &qerr) || qerr.Nodes[0].Resource != "run" {
+		t.Fatalf("acquire of a held lock with a higher mark: %v, want refused by the lock key", err)
+	}
+	for i, s := range cl {
+		if m := s.Client(t).HGet(ctx, "mark", "m").Val(); m != "101" {
+			t.Errorf("node %d: mark %q after a refused raise, want 101", i, m)
+		}
+	}
+	_ = l.Release(ctx)
+}
+
+// TestHighWaterUndoPutsTheMarkBack: an attempt that raised the mark on a
+// minority of nodes puts back the mark before its own there, so that a
+// failed attempt takes nothing.
+func TestHighWaterUndoPutsTheMarkBack(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"run"}, 5*time.Second, redlock.WithHighWater("mark", 100, time.Minute),
+		redlock.WithMetadata("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+	// Another owner holds "run" on nodes 0 and 1: the raise to 200 is
+	// granted on node 2 alone and undone there.
+	for _, s := range cl[:2] {
+		s.Client(t).Set(ctx, "run", "ffffffffffffffffffffffffffffffff-other", time.Minute)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", 200, time.Minute)); err == nil {
+		t.Fatal("acquired with 2 of 3 nodes held by another owner")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for cl[2].Client(t).HGet(ctx, "mark", "m").Val() != "100" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m := cl[2].Client(t).HGet(ctx, "mark", "m").Val(); m != "100" {
+		t.Fatalf("node 2: mark %q after the undo, want 100 put back", m)
+	}
+	for _, s := range cl[:2] {
+		s.Client(t).Del(ctx, "run")
+	}
+	l, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", 200, time.Minute))
+	if err != nil {
+		t.Fatalf("acquire at 200 after the undo: %v", err)
+	}
+	if got := l.PreviousMark(); got != 100 {
+		t.Errorf("PreviousMark = %d, want 100", got)
+	}
+	_ = l.Release(ctx)
+}
+
+// TestHighWaterFirstUndoDeletes: the undo of the first raise deletes the
+// mark.
+func TestHighWaterFirstUndoDeletes(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	for _, s := range cl[:2] {
+		s.Client(t).Set(ctx, "run", "ffffffffffffffffffffffffffffffff-other", time.Minute)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", 5, time.Minute)); err == nil {
+		t.Fatal("acquired with 2 of 3 nodes held by another owner")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for cl[2].Client(t).Exists(ctx, "mark").Val() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := cl[2].Client(t).Exists(ctx, "mark").Val(); n != 0 {
+		t.Fatal("node 2: the mark of an undone first raise is still there")
+	}
+}
+
+// TestHighWaterArguments: bad marks are rejected before any I/O.
+func TestHighWaterArguments(t *testing.T) {
+	nodes := redlocktest.Start(t, 1).Clients(t)
+	c := newClient(t, nodes)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		opts []redlock.LockOption
+	}{
+		{"empty name", []redlock.LockOption{redlock.WithHighWater("", 1, time.Second)}},
+		{"a resource", []redlock.LockOption{redlock.WithHighWater("run", 1, time.Second)}},
+		{"the record", []redlock.LockOption{redlock.WithRecord("r", time.Second), redlock.WithHighWater("r", 1, time.Second)}},
+		{"zero mark", []redlock.LockOption{redlock.WithHighWater("m", 0, time.Second)}},
+		{"no TTL", []redlock.LockOption{redlock.WithHighWater("m", 1, 0)}},
+		{"with an owner", []redlock.LockOption{redlock.WithOwner("o"), redlock.WithHighWater("m", 1, time.Second)}},
+	} {
+		if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second, tc.opts...); !errors.Is(err, redlock.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", tc.name, err)
+		}
+	}
+	if _, err := redlock.New(nodes, redlock.WithHighWater("m", 1, time.Second)); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("New with WithHighWater: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestEvalRunsOnEveryNode: Eval runs a script on every node with the
+// Client's key prefix, returns each node's reply in node order, and says
+// ErrUnavailable, with the replies, when fewer than a quorum answered.
+func TestEvalRunsOnEveryNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t), redlock.WithKeyPrefix("p:"))
+	ctx := context.Background()
+	push := redlock.NewScript(`redis.call('RPUSH', KEYS[1], ARGV[1]) return redis.call('LLEN', KEYS[1])`)
+	replies, err := c.Eval(ctx, push, []string{"list"}, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range replies {
+		if r.Node != i || r.Err != nil || r.Val != int64(1) {
+			t.Errorf("reply %d = %+v, want node %d, 1", i, r, i)
+		}
+		if n := cl[i].Client(t).LLen(ctx, "p:list").Val(); n != 1 {
+			t.Errorf("node %d: p:list has %d entries, want 1", i, n)
+		}
+	}
+	cl[1].Kill(t)
+	cl[2].Kill(t)
+	replies, err = c.Eval(ctx, push, []string{"list"}, "y")
+	if !errors.Is(err, redlock.ErrUnavailable) || len(replies) != 3 || replies[0].Val != int64(2) || replies[1].Err == nil {
+		t.Errorf("Eval with 2 of 3 nodes down = %+v, %v; want node 0's reply and ErrUnavailable", replies, err)
+	}
+	if _, err := c.Eval(ctx, nil, nil); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("Eval of a nil script: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestReleaseAbandonedDeletesOnlyItsMetadata: ReleaseAbandoned deletes a
+// lock whose metadata is exactly the one given, and no other.
+func TestReleaseAbandonedDeletesOnlyItsMetadata(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"run"}, 10*time.Second, redlock.WithMetadata("me@1/n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, md := range []string{"me@1", "me@1/n/x", "other"} {
+		if n, err := c.ReleaseAbandoned(ctx, "run", md); n != 0 || err != nil {
+			t.Errorf("ReleaseAbandoned(%q) = %d, %v; want 0, nil", md, n, err)
+		}
+	}
+	if n, err := c.ReleaseAbandoned(ctx, "run", "me@1/n"); n < 2 || err != nil {
+		t.Errorf("ReleaseAbandoned of the lock's metadata = %d, %v; want a quorum", n, err)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second); err != nil {
+		t.Errorf("acquire after ReleaseAbandoned: %v", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, redlock.ErrLockLost) {
+		t.Errorf("Release of the abandoned lock: %v, want ErrLockLost", err)
+	}
+	if _, err := c.ReleaseAbandoned(ctx, "run", ""); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("ReleaseAbandoned with no metadata: %v, want ErrInvalidArgument", err)
+	}
+}

@@ -1,0 +1,341 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock"
+)
+
+// Redis keys of a job, after the Locker's prefix (WithKeyPrefix).
+func (l *Locker) runKey(job string) string     { return l.cfg.prefix + "job:" + job }
+func (l *Locker) takenKey(job string) string   { return l.cfg.prefix + "taken:" + job }
+func (l *Locker) historyKey(job string) string { return l.cfg.prefix + "runs:" + job }
+
+// take acquires the run lock of job for the claim c, with the job's
+// record of scheduled times raised to c's (not for a manual run), in one
+// round. A round that no single holder won (instances that fired at the
+// same instant split the nodes between them, and each undid its minority)
+// is retried after a short random delay until someone wins or lctx ends.
+// A round that failed because nodes did not answer (a burst of runs queued
+// past the node timeout, a node restarting) is retried too, with a
+// growing random delay, until lctx (the Lock bound) ends: every round is a
+// full acquisition, undone where it failed, so retrying never runs a
+// scheduled time twice. A round lost to one holder with a quorum is final,
+// except to a run lock left by this Locker's own failed attempt (see
+// orphan).
+//
+// When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
+// StopJobs) ends, take returns an error that matches ctx's cause and never
+// redlock.ErrUnavailable: the nodes did not fail. When the bound ends, it
+// returns the error of the last round that ran to its end, or, when the
+// first round had not ended yet, an error matching redlock.ErrUnavailable:
+// no quorum answered within the bound.
+func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time.Duration) (*redlock.Lock, error) {
+	var last error
+	for n := 0; ; n++ {
+		lk, err := l.client.TryAcquire(lctx, []string{l.runKey(job)}, l.cfg.ttl, l.acquireOptions(job, c, bound)...)
+		if err == nil {
+			return lk, nil
+		}
+		final, e := l.judge(ctx, job, c, err)
+		switch {
+		case final:
+			return nil, e
+		case lctx.Err() != nil:
+			return nil, l.expired(ctx, job, c, last, err, bound)
+		}
+		last = e
+		if !sleep(lctx, retryDelay(n, err)) {
+			return nil, l.expired(ctx, job, c, last, err, bound)
+		}
+	}
+}
+
+// acquireOptions returns the options of a claim's rounds. Each round waits
+// for the nodes up to half the Lock's bound: a burst of many jobs firing
+// at once queues its commands for longer than a node timeout made for
+// single locks, and a round that waits costs less than one that fails and
+// is retried.
+func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
+	// The metadata is "<instance>@<clock in Unix ms>/<nonce>/<record
+	// retention in ms>": the clock check (checkRecord) reads it.
+	md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce +
+		nonceSep + strconv.FormatInt(l.cfg.retention.Milliseconds(), 10)
+	opts := []redlock.LockOption{redlock.WithMetadata(md), redlock.WithNodeTimeout(max(l.client.NodeTimeout(), bound/2))}
+	if c.kind != kindManual {
+		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
+	}
+	return opts
+}
+
+// judge classifies a failed round: final errors end the Lock, the others
+// are retried.
+func (l *Locker) judge(ctx context.Context, job string, c claim, err error) (final bool, e error) {
+	var q *redlock.QuorumError
+	isQuorum := errors.As(err, &q)
+	switch {
+	case ctx.Err() != nil:
+		return true, l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
+	case !isQuorum:
+		return true, l.fail(job, c, errOther, err)
+	case errors.Is(err, redlock.ErrUnavailable):
+		return down(q), l.fail(job, c, errUnavailable, err)
+	}
+	if holder, ok := q.HolderMetadata(); ok {
+		return l.refused(ctx, job, c, holder, q)
+	}
+	if holderUnknown(q) {
+		// Refused without a quorum for one holder, and the nodes that
+		// failed could complete one: whether it was taken is unknown.
+		return false, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
+			msg: "the nodes that failed leave unknown whether another instance took it: " + redlockText(err)})
+	}
+	return false, l.fail(job, c, errOther, err) // a split vote: retried
+}
+
+// expired returns the error of a Lock whose bound ended: the last
+// round's, or, when none ended, an error matching redlock.ErrUnavailable.
+func (l *Locker) expired(ctx context.Context, job string, c claim, last, err error, bound time.Duration) error {
+	switch {
+	case ctx.Err() != nil:
+		return l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
+	case last != nil:
+		return last
+	}
+	return l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
+		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlockText(err))})
+}
+
+// retryDelay is the random delay before retry n+1 of a failed round: up
+// to splitDelay after a split vote, up to unavailableDelay x 2^n (at most
+// maxUnavailableDelay) after a round that nodes did not answer.
+func retryDelay(n int, err error) time.Duration {
+	if errors.Is(err, redlock.ErrUnavailable) {
+		return rand.N(min(unavailableDelay<<min(n+1, 8), maxUnavailableDelay))
+	}
+	return time.Millisecond + rand.N(splitDelay)
+}
+
+const (
+	splitDelay          = 15 * time.Millisecond
+	unavailableDelay    = 5 * time.Millisecond
+	maxUnavailableDelay = 200 * time.Millisecond
+)
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// refused classifies a round that holder won on a quorum of nodes: the
+// job's record of scheduled times (taken, or a later one taken: late) or
+// its run lock (a run in progress). It checks the clocks against the
+// record, and the holder's instance ID against this Locker's.
+func (l *Locker) refused(ctx context.Context, job string, c claim, holder string, q *redlock.QuorumError) (bool, error) {
+	instance, _, nonce, _ := splitHolder(holder)
+	e := &runError{kind: errRunning, job: job, claim: c, err: q, holder: instance}
+	for _, r := range q.Nodes {
+		if r.Outcome != redlock.OutcomeHeld || r.Holder != holder {
+			continue
+		}
+		if r.Resource == l.takenKey(job) {
+			e.kind, e.taken = errTaken, time.UnixMilli(r.HolderMark).In(c.at.Location())
+			if e.taken.After(c.at) {
+				e.kind = errLater
+			}
+			l.checkRecord(ctx, job, c, r)
+		}
+		break
+	}
+	if instance == l.cfg.instance && nonce != "" && nonce != l.nonce && e.kind == errTaken {
+		e.duplicate = true
+		l.warn(ctx, warnDuplicateInstance, job, "scheduler: another live instance uses this instance ID; give each instance its own (WithInstanceID)",
+			"instance", l.cfg.instance, "scheduled", c.at)
+	}
+	if e.kind == errRunning && nonce == l.nonce && l.alone(job) {
+		return l.orphan(ctx, job, c, holder, e)
+	}
+	return true, e
+}
+
+// alone reports whether the calling Lock is the only one of job in
+// flight or running on this Locker.
+func (l *Locker) alone(job string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state(job).busy == 1
+}
+
+// orphan handles a run lock that this Locker's own earlier attempt left on
+// the nodes (an attempt whose undo came before its grant on a node, or
+// never came): no run of the job is in progress here, and the holder is
+// this Locker, so no one runs the job. It deletes that attempt's keys
+// (redlock.Client.ReleaseAbandoned) and has the round retried; when that
+// fails, the Lock fails with an error that names the orphan and matches
+// redlock.ErrUnavailable, never ErrHeldElsewhere.
+func (l *Locker) orphan(ctx context.Context, job string, c claim, holder string, e *runError) (bool, error) {
+	n, err := l.client.ReleaseAbandoned(context.WithoutCancel(ctx), l.runKey(job), holder)
+	if err == nil && n > 0 {
+		l.log.Warn("scheduler: deleted a run lock that an earlier failed attempt of this instance left on the nodes",
+			"job", job, "nodes", n)
+		return false, e
+	}
+	e.kind = errOrphan
+	if err != nil {
+		e.err = err
+	}
+	return true, e
+}
+
+// down reports whether q's round failed because nodes refused it
+// outright (errors, no timeouts): they are down, not slow. A Lock that
+// retried them for its whole bound made gocron skip the next scheduled
+// time without calling Lock, so that the skip was never reported.
+func down(q *redlock.QuorumError) bool {
+	return q.Count(redlock.OutcomeTimeout) == 0 && q.Count(redlock.OutcomeError) > 0
+}
+
+// holderUnknown reports whether q's failed nodes (an error, no answer, a
+// restart gate), counted as holding, would complete a quorum for the holder
+// that most nodes named.
+func holderUnknown(q *redlock.QuorumError) bool {
+	failed := q.Count(redlock.OutcomeError) + q.Count(redlock.OutcomeTimeout) + q.Count(redlock.OutcomeGated)
+	votes, best := map[string]int{}, 0
+	for _, r := range q.Nodes {
+		if r.Outcome == redlock.OutcomeHeld {
+			votes[r.Holder]++
+			best = max(best, votes[r.Holder])
+		}
+	}
+	return failed > 0 && best > 0 && best+failed >= q.Quorum
+}
+
+// The metadata of a run lock and a record of scheduled times is
+// "<instance>@<clock in Unix ms>/<the Locker's nonce>/<record retention
+// in ms>"; earlier releases wrote the tick record's TTL there, or the
+// instance ID alone.
+const (
+	clockSep = "@"
+	nonceSep = "/"
+)
+
+// splitHolder splits the metadata of a run lock or record into the
+// instance ID, its clock reading, the writing Locker's nonce and the
+// record's TTL; nonce is "" for metadata of the instance ID alone, and
+// ttl 0 for metadata without it.
+func splitHolder(md string) (instance string, clock time.Time, nonce string, ttl time.Duration) {
+	i := strings.LastIndex(md, clockSep)
+	if i < 0 {
+		return md, time.Time{}, "", 0
+	}
+	at, rest, ok := strings.Cut(md[i+1:], nonceSep)
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || rest == "" {
+		return md, time.Time{}, "", 0
+	}
+	nonce, ttlText, _ := strings.Cut(rest, nonceSep)
+	if n, err := strconv.ParseInt(ttlText, 10, 64); err == nil && n > 0 {
+		ttl = time.Duration(n) * time.Millisecond
+	}
+	return md[:i], time.UnixMilli(ms), nonce, ttl
+}
+
+// Kinds of runError.
+const (
+	errOther       = iota // redlock's error, quoted
+	errTaken              // another instance took this scheduled time
+	errRunning            // a run of the job is in progress elsewhere
+	errLater              // a later scheduled time was taken: too late
+	errLate               // too late before any round (claim)
+	errUnavailable        // too many nodes failed
+	errStopped            // gocron stopped the job
+	errOrphan             // an own failed attempt's run lock blocks the job
+)
+
+// runError is the error of a Lock that did not run its job. Its message
+// is built only when asked for: gocron skips the run without reading it,
+// and in a fleet every instance but one skips every scheduled time.
+type runError struct {
+	kind      int
+	job       string
+	claim     claim
+	err       error     // redlock's, or the cause
+	holder    string    // errTaken, errRunning, errLater: the holder's instance ID
+	taken     time.Time // errTaken, errLater: the scheduled time the record holds
+	duplicate bool      // errTaken: the holder has this Locker's instance ID
+	reason    string    // errLate
+}
+
+// fail returns the runError of kind for c with cause err.
+func (l *Locker) fail(job string, c claim, kind int, err error) error {
+	return &runError{kind: kind, job: job, claim: c, err: err}
+}
+
+// lateErr returns the ErrLate of c, for reason.
+func (l *Locker) lateErr(job string, c claim, reason string) error {
+	return &runError{kind: errLate, job: job, claim: c, reason: reason}
+}
+
+// Error reads `scheduler: job "J" scheduled time T: <what happened>`, for
+// example `... held by another instance: "H" already ran it`, `... skipped:
+// too late: <why>`, `... skipped: Redis unavailable: <what redlock
+// found>`. The holder's round is not quoted: a quorum named the holder,
+// which is all it says.
+func (e *runError) Error() string {
+	head := fmt.Sprintf("scheduler: job %q %s", e.job, e.claim.what())
+	switch e.kind {
+	case errStopped:
+		cause := strings.TrimPrefix(e.err.Error(), ErrStopped.Error()+": ")
+		return head + " skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken (" + cause + ")"
+	case errUnavailable:
+		return head + " skipped: Redis unavailable: " + redlockText(e.err)
+	case errTaken:
+		reason := fmt.Sprintf("%q already ran it", e.holder)
+		if e.duplicate {
+			reason += ", another live instance with this instance's ID; give each instance its own ID (WithInstanceID)"
+		}
+		return head + " held by another instance: " + reason
+	case errRunning:
+		return head + fmt.Sprintf(" held by another instance: a run of the job is in progress on %q", e.holder)
+	case errLater:
+		return head + fmt.Sprintf(" skipped: too late: %q already ran the later scheduled time %s", e.holder, e.taken.Format(time.RFC3339Nano))
+	case errLate:
+		return head + " skipped: too late: " + e.reason
+	case errOrphan:
+		return head + " skipped: a run lock that an earlier failed attempt of this instance left on the nodes blocks the job until it expires, and deleting it failed: " + redlockText(e.err)
+	}
+	return head + " skipped: " + redlockText(e.err)
+}
+
+// Unwrap gives ErrHeldElsewhere for a scheduled time taken or a run in
+// progress elsewhere (and ErrDuplicateInstance when the holder has this
+// instance's ID), ErrLate for a late run, redlock.ErrUnavailable for an
+// orphaned run lock, and redlock's error.
+func (e *runError) Unwrap() []error {
+	switch {
+	case e.duplicate:
+		return []error{ErrHeldElsewhere, ErrDuplicateInstance, e.err}
+	case e.kind == errTaken || e.kind == errRunning:
+		return []error{ErrHeldElsewhere, e.err}
+	case e.kind == errLater:
+		return []error{ErrLate, e.err}
+	case e.kind == errLate:
+		return []error{ErrLate}
+	case e.kind == errOrphan:
+		return []error{redlock.ErrUnavailable, e.err}
+	}
+	return []error{e.err}
+}
