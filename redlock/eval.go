@@ -34,13 +34,14 @@ type NodeReply struct {
 
 // Eval runs s on every node in one parallel round, with keys (each
 // prefixed with the Client's key prefix, WithKeyPrefix) and args, and
-// returns every node's reply in node order once each node has answered,
-// failed, or the node timeout passed. It is the way to keep data of one's
-// own beside the locks, on the same nodes and through the same connections
-// (the scheduler's run record): a write reaches each node that answers; a
-// read merges what a quorum of nodes says. The script must follow the
-// rules of Redis scripts (every key it touches in keys). A node that has
-// not answered by the node timeout, or that Close left, is not waited for.
+// returns every node's reply in node order as soon as a quorum of nodes
+// answered (the others' calls still go out; their NodeReply says they
+// were not waited for), or when a quorum can no longer answer, or at the
+// node timeout. It is the way to keep data of one's own beside the locks,
+// on the same nodes and through the same connections (the scheduler's run
+// record): a write reaches each node that answers; a read merges what a
+// quorum of nodes says. The script must follow the rules of Redis scripts
+// (every key it touches in keys).
 //
 // Errors: ErrInvalidArgument for a nil script or a key with a NUL byte (no
 // I/O then); ErrClosed after Close; otherwise, when fewer than a quorum of
@@ -60,7 +61,7 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 		}
 		prefixed[i] = c.cfg.keyPrefix + k
 	}
-	rs := c.round(ctx, roundSpec{op: "eval", script: s.s, keys: prefixed, args: args, parse: parseEval, waitAll: true})
+	rs := c.round(ctx, roundSpec{op: "eval", script: s.s, keys: prefixed, args: args, parse: parseEval})
 	out := make([]NodeReply, len(rs))
 	for i, r := range rs {
 		out[i] = NodeReply{Node: r.Node, Addr: r.Addr, Val: r.val, Err: r.Err}

@@ -190,10 +190,7 @@ func TestRunNowIsAManualRun(t *testing.T) {
 	}
 	holding.Store(false)
 	close(hold)
-	runs, err := scheds[0].History(context.Background(), "job", 100)
-	if err != nil {
-		t.Fatal(err)
-	}
+	runs := history(t, scheds[0], "job")
 	manual := 0
 	for _, r := range runs {
 		if r.Kind == "manual" {

@@ -82,6 +82,8 @@ func (l *Locker) judge(ctx context.Context, job string, c claim, err error) (fin
 	switch {
 	case ctx.Err() != nil:
 		return true, l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
+	case !isQuorum && errors.Is(err, context.DeadlineExceeded):
+		return false, l.fail(job, c, errUnavailable, err) // the Lock's bound ended: expired
 	case !isQuorum:
 		return true, l.fail(job, c, errOther, err)
 	case errors.Is(err, redlock.ErrUnavailable):
@@ -142,23 +144,28 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // refused classifies a round that holder won on a quorum of nodes: the
 // job's record of scheduled times (taken, or a later one taken: late) or
-// its run lock (a run in progress). It checks the clocks against the
-// record, and the holder's instance ID against this Locker's.
+// its run lock (a run in progress).
 func (l *Locker) refused(ctx context.Context, job string, c claim, holder string, q *redlock.QuorumError) (bool, error) {
-	instance, _, nonce, _ := splitHolder(holder)
-	e := &runError{kind: errRunning, job: job, claim: c, err: q, holder: instance}
 	for _, r := range q.Nodes {
-		if r.Outcome != redlock.OutcomeHeld || r.Holder != holder {
-			continue
+		if r.Outcome == redlock.OutcomeHeld && r.Holder == holder {
+			return l.refusedBy(ctx, job, c, r, q)
 		}
-		if r.Resource == l.takenKey(job) {
-			e.kind, e.taken = errTaken, time.UnixMilli(r.HolderMark).In(c.at.Location())
-			if e.taken.After(c.at) {
-				e.kind = errLater
-			}
-			l.checkRecord(ctx, job, c, r)
+	}
+	return true, l.fail(job, c, errOther, q)
+}
+
+// refusedBy classifies a refusal by r, with cause (the round's
+// *redlock.QuorumError). It checks the clocks against the
+// record, and the holder's instance ID against this Locker's.
+func (l *Locker) refusedBy(ctx context.Context, job string, c claim, r redlock.NodeResult, cause error) (bool, error) {
+	instance, _, nonce, _ := splitHolder(r.Holder)
+	e := &runError{kind: errRunning, job: job, claim: c, err: cause, holder: instance}
+	if r.Resource == l.takenKey(job) {
+		e.kind, e.taken = errTaken, time.UnixMilli(r.HolderMark).In(c.at.Location())
+		if e.taken.After(c.at) {
+			e.kind = errLater
 		}
-		break
+		l.checkRecord(ctx, job, c, r)
 	}
 	if instance == l.cfg.instance && nonce != "" && nonce != l.nonce && e.kind == errTaken {
 		e.duplicate = true
@@ -166,7 +173,7 @@ func (l *Locker) refused(ctx context.Context, job string, c claim, holder string
 			"instance", l.cfg.instance, "scheduled", c.at)
 	}
 	if e.kind == errRunning && nonce == l.nonce && l.alone(job) {
-		return l.orphan(ctx, job, c, holder, e)
+		return l.orphan(ctx, job, c, r.Holder, e)
 	}
 	return true, e
 }

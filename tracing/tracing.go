@@ -125,7 +125,7 @@ const (
 	Attempts = attribute.Key("schedlock.acquire.attempts")
 
 	// Round attributes.
-	RoundOp        = attribute.Key("schedlock.round.op")      // acquire, fence, check (a re-entry's kept token), note (a reentrant hold's token), undo (of a failed attempt), extend, release, holder
+	RoundOp        = attribute.Key("schedlock.round.op")      // acquire, fence, check (a re-entry's kept token), note (a reentrant hold's token), undo (of a failed attempt), extend, release, holder, eval (Client.Eval)
 	RoundAttempt   = attribute.Key("schedlock.round.attempt") // 1-based, acquire rounds
 	Nodes          = attribute.Key("schedlock.round.nodes")   // N
 	Quorum         = attribute.Key("schedlock.round.quorum")  // N/2+1
