@@ -85,27 +85,34 @@ func parseEval(cmd *redis.Cmd) NodeResult {
 
 // ReleaseAbandoned deletes the key of resource on every node where it
 // holds a plain lock (no WithOwner, WithFencing) whose metadata is exactly
-// metadata, and returns on how many nodes it did. It is for a caller that
+// metadata, and, when mark is not "", puts back the high-water mark
+// (WithHighWater) under mark that an acquisition with that metadata raised
+// (as the undo of a failed attempt does); it returns on how many nodes it
+// did either. It is for a caller that
 // knows it abandoned an acquisition, one whose undo may have reached a
 // node before the grant it was to delete (go-redis sent the grant again
 // on a new connection), and that wrote metadata unique to that
 // acquisition: the scheduler's run locks carry the instance, its clock
 // reading and a per-process nonce. Anyone who knows a lock's metadata can
 // delete it this way, so never use it on metadata that two holders can
-// share. One round, waiting for every node up to the node timeout.
+// share. One round, returning once a quorum answered (Eval).
 //
 // Errors: ErrInvalidArgument for a bad resource name or empty metadata (no
 // I/O then); ErrClosed after Close; a *QuorumError matching ErrUnavailable
 // (op "eval") when fewer than a quorum of nodes answered. Safe for
 // concurrent use.
-func (c *Client) ReleaseAbandoned(ctx context.Context, resource, metadata string) (int, error) {
-	if err := c.checkResources([]string{resource}); err != nil {
+func (c *Client) ReleaseAbandoned(ctx context.Context, resource, metadata, mark string) (int, error) {
+	keys := []string{resource}
+	if mark != "" {
+		keys = append(keys, mark)
+	}
+	if err := c.checkResources(keys); err != nil {
 		return 0, err
 	}
 	if metadata == "" {
 		return 0, invalidf("the metadata (ReleaseAbandoned) is empty: it would match every lock without metadata")
 	}
-	replies, err := c.Eval(ctx, &Script{s: abandonScript}, []string{resource}, metadata)
+	replies, err := c.Eval(ctx, &Script{s: abandonScript}, keys, metadata)
 	n := 0
 	for _, r := range replies {
 		if v, ok := r.Val.(int64); ok && r.Err == nil && v == 1 {

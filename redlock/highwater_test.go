@@ -207,11 +207,11 @@ func TestReleaseAbandonedDeletesOnlyItsMetadata(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, md := range []string{"me@1", "me@1/n/x", "other"} {
-		if n, err := c.ReleaseAbandoned(ctx, "run", md); n != 0 || err != nil {
+		if n, err := c.ReleaseAbandoned(ctx, "run", md, ""); n != 0 || err != nil {
 			t.Errorf("ReleaseAbandoned(%q) = %d, %v; want 0, nil", md, n, err)
 		}
 	}
-	if n, err := c.ReleaseAbandoned(ctx, "run", "me@1/n"); n < 2 || err != nil {
+	if n, err := c.ReleaseAbandoned(ctx, "run", "me@1/n", ""); n < 2 || err != nil {
 		t.Errorf("ReleaseAbandoned of the lock's metadata = %d, %v; want a quorum", n, err)
 	}
 	if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second); err != nil {
@@ -220,7 +220,7 @@ func TestReleaseAbandonedDeletesOnlyItsMetadata(t *testing.T) {
 	if err := l.Release(ctx); !errors.Is(err, redlock.ErrLockLost) {
 		t.Errorf("Release of the abandoned lock: %v, want ErrLockLost", err)
 	}
-	if _, err := c.ReleaseAbandoned(ctx, "run", ""); !errors.Is(err, redlock.ErrInvalidArgument) {
+	if _, err := c.ReleaseAbandoned(ctx, "run", "", ""); !errors.Is(err, redlock.ErrInvalidArgument) {
 		t.Errorf("ReleaseAbandoned with no metadata: %v, want ErrInvalidArgument", err)
 	}
 }

@@ -103,6 +103,9 @@ func (l *Locker) claim(job string, now time.Time) (claim, error) {
 			c.kind = kindManual
 			return c, nil
 		}
+		if r.at.After(st.served) {
+			st.served = r.at
+		}
 		return c, l.checkLate(st, job, c, l.cfg.catchUp)
 	}
 	s, next, ok := scheduledAt(tt, now, st.hint)

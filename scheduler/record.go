@@ -172,28 +172,28 @@ const maxMissed = 100
 // reportMissed reports the scheduled times of job between prev (the
 // job's previous scheduled time taken, in Unix ms; 0: none) and c's that
 // ran nowhere: counted, logged, passed to WithMissedHandler and written to
-// the run record. Scheduled times during which the job's previous run was
-// still running (the run record says when it ended) are skipped, not
-// missed. A prev that is not on the job's schedule (the schedule changed
-// since) reports nothing.
+// the run record. Scheduled times during which a run of the job was in
+// progress (scheduled or manual: the run record says when each started and
+// ended) are skipped, not missed. A prev that is not on the job's schedule
+// (the schedule changed since, or the instances differ in schedule or
+// location) is warned about as settings_mismatch, and no miss is counted.
 func (l *Locker) reportMissed(ctx context.Context, job string, c claim, prev int64) {
 	if prev <= 0 || c.kind == kindManual {
 		return
 	}
 	tt := l.timetable(job)
 	from := time.UnixMilli(prev).In(c.at.Location())
-	if !tt.next(from.Add(-time.Millisecond)).Equal(from) {
+	if !onSchedule(tt, from) {
+		l.warn(ctx, warnSettingsMismatch, job, "scheduler: the job's previous scheduled time taken is not on this instance's schedule of the job; "+
+			"instances must share the job's schedule and location (WithLocation), or a scheduled time can run once per schedule",
+			"theirs", from, "ours", c.at)
 		return
 	}
 	times, more := missedTimes(tt, from, c.at)
 	if len(times) == 0 {
 		return
 	}
-	if end := l.previousEnd(ctx, job, from); !end.IsZero() {
-		for len(times) > 0 && times[0].Before(end) {
-			times = times[1:] // skipped: the previous run was still running
-		}
-	}
+	times = slices.DeleteFunc(times, l.runningAt(ctx, job)) // skipped: a run was in progress
 	if len(times) == 0 {
 		return
 	}
@@ -230,22 +230,23 @@ func missedTimes(tt timetable, from, to time.Time) (times []time.Time, more int)
 	return times, more
 }
 
-// previousEnd returns when the run of job's scheduled time prev ended, as
-// the run record says, or the zero time when it does not (the run
-// crashed, or the record cannot be read).
-func (l *Locker) previousEnd(ctx context.Context, job string, prev time.Time) time.Time {
+// runningAt returns a test of whether a run of job (scheduled, manual or
+// catch-up) was in progress at a given time, as the run record says (its
+// start and end on the runner's clock). When the record cannot be read,
+// no run was.
+func (l *Locker) runningAt(ctx context.Context, job string) func(time.Time) bool {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.client.NodeTimeout())
 	defer cancel()
-	runs, err := l.History(rctx, job, 10)
+	runs, err := l.History(rctx, job, l.cfg.history)
 	if err != nil && !errors.Is(err, redlock.ErrUnavailable) {
-		return time.Time{}
+		runs = nil
 	}
-	for _, r := range runs {
-		if (r.Kind == kindScheduled || r.Kind == kindCatchUp) && r.Scheduled.Equal(prev) {
-			// Ended is on the runner's clock; its Lock measured no offset
-			// beyond the tolerance, or it warned.
-			return r.Ended
+	return func(t time.Time) bool {
+		for _, r := range runs {
+			if r.Kind != kindMissed && r.Kind != kindLate && !r.Started.After(t) && !r.Ended.Before(t) {
+				return true
+			}
 		}
+		return false
 	}
-	return time.Time{}
 }

@@ -380,3 +380,94 @@ func history(t *testing.T, s *scheduler.Scheduler, job string) []scheduler.Run {
 	t.Fatalf("History(%q): %v", job, err)
 	return nil
 }
+
+// TestOwnLeftoverRecordIsPutBack: a failed attempt's grant that reached 2
+// of 3 nodes after its undo left the job's record raised to its scheduled
+// time (with the run lock): the time ran nowhere, the other instances read
+// "already ran it", and the next run did not report it missed. The
+// instance's next Lock of that time now puts the record back and runs it.
+func TestOwnLeftoverRecordIsPutBack(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	s, err := scheduler.New(newRedlock(t, cl.Clients(t)), scheduler.WithLockerOptions(scheduler.WithClock(clock),
+		scheduler.WithInstanceID("a"), scheduler.WithLockJitter(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), gocron.NewTask(func() {}), gocron.WithName("job")); err != nil {
+		t.Fatal(err)
+	}
+	l := s.Locker()
+	ctx := context.Background()
+	lk, err := l.Lock(ctx, "job") // 12:00:00
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v string
+	for _, n := range cl {
+		if v == "" {
+			v = n.Client(t).Get(ctx, "schedlock:job:job").Val()
+		}
+	}
+	nonce := strings.Split(v[strings.Index(v, "a@"):], "/")[1]
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The leftover of an attempt for 12:00:01 on 2 of 3 nodes.
+	value := "0123456789abcdef0123456789abcdef-a@1767268801000/" + nonce + "/2592000000"
+	for _, n := range cl[:2] {
+		n.Client(t).Set(ctx, "schedlock:job:job", value, 10*time.Second)
+		prev := n.Client(t).HGet(ctx, "schedlock:taken:job", "v").Val()
+		n.Client(t).HSet(ctx, "schedlock:taken:job", "m", "1767268801000", "v", value, "pm", "1767268800000", "pv", prev)
+	}
+	clock.Advance(time.Second)
+	lk, err = l.Lock(ctx, "job")
+	if err != nil {
+		t.Fatalf("Lock of 12:00:01 with this instance's leftover record: %v", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDifferentLocationsAreWarned: two instances that read a daily job in
+// different locations each run their own 09:00; the one that finds the
+// other's time as the previous one taken warns settings_mismatch.
+func TestDifferentLocationsAreWarned(t *testing.T) {
+	t.Parallel()
+	c, _ := miniClient(t, 3)
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Skip("no time zone data:", err)
+	}
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 8, 0, 0, 0, time.UTC)) // 09:00 in Berlin
+	logs := &logRecorder{}
+	var lockers []*scheduler.Locker
+	for i, loc := range []*time.Location{berlin, time.UTC} {
+		s, err := scheduler.New(c, scheduler.WithLockerOptions(scheduler.WithClock(clock), scheduler.WithLockJitter(0),
+			scheduler.WithInstanceID(fmt.Sprint("i", i)), scheduler.WithLocation(loc), scheduler.WithLogger(slog.New(logs))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Shutdown() })
+		if _, err := s.NewJob(gocron.CronJob("0 0 9 * * *", true), gocron.NewTask(func() {}), gocron.WithName("report")); err != nil {
+			t.Fatal(err)
+		}
+		lockers = append(lockers, s.Locker())
+	}
+	ctx := context.Background()
+	lk, err := lockers[0].Lock(ctx, "report") // Berlin's 09:00
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Unlock(ctx)
+	clock.Advance(time.Hour) // 09:00 UTC
+	if lk, err := lockers[1].Lock(ctx, "report"); err == nil {
+		_ = lk.Unlock(ctx)
+	}
+	if w := logs.warnings("settings_mismatch"); len(w) != 1 {
+		t.Errorf("%d settings_mismatch warnings, want 1", len(w))
+	}
+}

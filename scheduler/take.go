@@ -172,10 +172,20 @@ func (l *Locker) refusedBy(ctx context.Context, job string, c claim, r redlock.N
 		l.warn(ctx, warnDuplicateInstance, job, "scheduler: another live instance uses this instance ID; give each instance its own (WithInstanceID)",
 			"instance", l.cfg.instance, "scheduled", c.at)
 	}
-	if e.kind == errRunning && nonce == l.nonce && l.alone(job) {
+	if nonce == l.nonce && l.ownLeftover(job, c, e.kind, r) {
 		return l.orphan(ctx, job, c, r.Holder, e)
 	}
 	return true, e
+}
+
+// ownLeftover reports whether a refusal by this Locker's own metadata is a
+// failed attempt's leftover: no other Lock or run of the job is busy
+// here, and it is the run lock, or the record raised to this scheduled
+// time, which this instance has not served before this Lock (claim), so
+// that no run of this Locker took it.
+func (l *Locker) ownLeftover(job string, c claim, kind int, r redlock.NodeResult) bool {
+	own := kind == errRunning || kind == errTaken && c.kind == kindScheduled && r.HolderMark == c.at.UnixMilli()
+	return own && l.alone(job)
 }
 
 // alone reports whether the calling Lock is the only one of job in
@@ -186,15 +196,16 @@ func (l *Locker) alone(job string) bool {
 	return l.state(job).busy == 1
 }
 
-// orphan handles a run lock that this Locker's own earlier attempt left on
-// the nodes (an attempt whose undo came before its grant on a node, or
-// never came): no run of the job is in progress here, and the holder is
-// this Locker, so no one runs the job. It deletes that attempt's keys
-// (redlock.Client.ReleaseAbandoned) and has the round retried; when that
-// fails, the Lock fails with an error that names the orphan and matches
-// redlock.ErrUnavailable, never ErrHeldElsewhere.
+// orphan handles a run lock, or a record of this scheduled time, that
+// this Locker's own earlier attempt left on the nodes (an attempt whose
+// undo came before its grant on a node, or never came): no run of the
+// job is in progress here, and the holder is this Locker, so no one runs
+// the job or ran this scheduled time. It deletes that attempt's run lock
+// and puts back its record (redlock.Client.ReleaseAbandoned) and has the
+// round retried; when that fails, the Lock fails with an error that names
+// the leftover and matches redlock.ErrUnavailable, never ErrHeldElsewhere.
 func (l *Locker) orphan(ctx context.Context, job string, c claim, holder string, e *runError) (bool, error) {
-	n, err := l.client.ReleaseAbandoned(context.WithoutCancel(ctx), l.runKey(job), holder)
+	n, err := l.client.ReleaseAbandoned(context.WithoutCancel(ctx), l.runKey(job), holder, l.takenKey(job))
 	if err == nil && n > 0 {
 		l.log.Warn("scheduler: deleted a run lock that an earlier failed attempt of this instance left on the nodes",
 			"job", job, "nodes", n)
@@ -322,7 +333,7 @@ func (e *runError) Error() string {
 	case errLate:
 		return head + " skipped: too late: " + e.reason
 	case errOrphan:
-		return head + " skipped: a run lock that an earlier failed attempt of this instance left on the nodes blocks the job until it expires, and deleting it failed: " + redlockText(e.err)
+		return head + " skipped: a run lock or record that an earlier failed attempt of this instance left on the nodes blocks it, and deleting it failed: " + redlockText(e.err)
 	}
 	return head + " skipped: " + redlockText(e.err)
 }

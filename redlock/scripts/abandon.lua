@@ -1,18 +1,33 @@
 -- Abandon: delete the lock key KEYS[1] when its value carries exactly the
 -- metadata ARGV[1] (keys.go: the owner token, then '-' or '_' and the
--- metadata, or 'T' or 't', a 55-character traceparent and the metadata).
--- Reply: 1 deleted, 0 not (absent, or another value).
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local c = string.sub(v, 33, 33)
-local md
-if c == '-' or c == '_' then
-  md = string.sub(v, 34)
-elseif c == 'T' or c == 't' then
-  md = string.sub(v, 34 + 55)
-else
-  return 0
+-- metadata, or 'T' or 't', a 55-character traceparent and the metadata);
+-- and, when KEYS[2] is given, put back the high-water mark before the one
+-- that an acquisition with that metadata raised there (as an undo does,
+-- release.lua). Reply: 1 when it deleted or put back something, else 0.
+local function metadata(v)
+  local c = string.sub(v, 33, 33)
+  if c == '-' or c == '_' then return string.sub(v, 34) end
+  if c == 'T' or c == 't' then return string.sub(v, 34 + 55) end
+  return nil
 end
-if md ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
+local done = 0
+local v = redis.call('GET', KEYS[1])
+if v and metadata(v) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  done = 1
+end
+if KEYS[2] then
+  local m = redis.call('HMGET', KEYS[2], 'v', 'pm', 'pv')
+  if m[1] and metadata(m[1]) == ARGV[1] then
+    if m[2] == 'r' then
+      -- the mark before is not known (an earlier undo put this one
+      -- back): leave it, a scheduled time lost rather than run twice
+    elseif m[2] and m[2] ~= '' then
+      redis.call('HSET', KEYS[2], 'm', m[2], 'v', m[3], 'pm', 'r', 'pv', '')
+    else
+      redis.call('DEL', KEYS[2])
+    end
+    done = 1
+  end
+end
+return done

@@ -7,7 +7,9 @@
 -- "<key>:released"; PUBLISH runs under pcall, so that a user whose ACL
 -- denies the channel still releases. When ARGV[4] is '1' (the undo of an
 -- attempt that raised a high-water mark), the last key is the mark: if
--- this attempt raised it, the mark before is put back (not counted).
+-- this attempt raised it, the mark before is put back (not counted), with
+-- 'r' as its own "before", so that a second undo on the same mark, whose
+-- "before" is then unknown, leaves it as it is rather than lower it.
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]
 local n = #KEYS
@@ -16,8 +18,11 @@ if ARGV[4] == '1' then
   n = n - 1
   local m = redis.call('HMGET', mk, 'v', 'pm', 'pv')
   if m[1] and string.sub(m[1], 1, 32) == tok then
-    if m[2] and m[2] ~= '' then
-      redis.call('HSET', mk, 'm', m[2], 'v', m[3], 'pm', '', 'pv', '')
+    if m[2] == 'r' then
+      -- An earlier undo put this mark back and the one before it is not
+      -- known: leave it (a scheduled time lost, never run twice).
+    elseif m[2] and m[2] ~= '' then
+      redis.call('HSET', mk, 'm', m[2], 'v', m[3], 'pm', 'r', 'pv', '')
     else
       redis.call('DEL', mk)
     end
