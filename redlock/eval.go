@@ -66,7 +66,7 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 	for i, r := range rs {
 		out[i] = NodeReply{Node: r.Node, Addr: r.Addr, Val: r.val, Err: r.Err}
 		if r.Outcome != OutcomeOK && r.Err == nil {
-			out[i].Err = errNotAnswered
+			out[i].Err = errNotWaited // decided at a quorum before it answered
 		}
 	}
 	if count(rs, OutcomeOK) < c.quorum {
@@ -75,8 +75,9 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 	return out, nil
 }
 
-// errNotAnswered is the Err of a node that Eval did not wait for.
-var errNotAnswered = wrapf(nil, "no answer within the node timeout")
+// errNotWaited is the Err of a node that Eval did not wait for: a quorum
+// had answered first.
+var errNotWaited = wrapf(nil, "not waited for: a quorum had answered first")
 
 // parseEval reads any reply of an Eval script.
 func parseEval(cmd *redis.Cmd) NodeResult {

@@ -96,11 +96,11 @@ func (l *Locker) claim(job string, now time.Time) (claim, error) {
 	defer l.mu.Unlock()
 	st := l.state(job)
 	st.busy++
-	c := claim{kind: kindScheduled, now: now, next: tt.next(now)}
+	c := claim{kind: kindScheduled, now: now}
 	if r := st.pop(now); r != nil {
-		c.req, c.at, c.kind = r, r.at, kindCatchUp
+		c.req, c.at, c.kind, c.next = r, r.at, kindCatchUp, tt.next(now)
 		if r.at.IsZero() {
-			c.kind = kindManual
+			c.kind, c.at = kindManual, time.Time{}
 			return c, nil
 		}
 		if r.at.After(st.served) {
@@ -229,7 +229,7 @@ func (l *Locker) timetable(job string) timetable {
 	read := l.readTimetable(follow, job)
 	l.mu.Lock()
 	if st.readAt.Equal(readAt) {
-		st.table, st.readAt = read, now
+		st.table, st.readAt, st.hint = read, now, time.Time{} // the hint may be off a new schedule
 	}
 	l.mu.Unlock()
 	return read

@@ -272,8 +272,8 @@ func (l *Locker) Follow(s gocron.Scheduler) {
 // nothing on each node), retried only when no one won it (a split vote)
 // or nodes did not answer, all bounded by the lock timeout. On success
 // the run lock is extended in the background until Unlock, a lost lock
-// cancels the run's context (RunContext), and scheduled times that ran
-// nowhere since the job's previous run are reported as missed
+// cancels the run's context (RunContext), and Unlock reports the
+// scheduled times that ran nowhere since the job's previous run as missed
 // (WithMissedHandler).
 //
 // Errors (gocron skips the run and passes them to AfterLockError):
@@ -309,7 +309,6 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		return nil, err
 	}
 	rl := l.start(ctx, sctx, span, key, c, run, now)
-	l.reportMissed(ctx, key, c, run.PreviousMark())
 	c.answer(nil)
 	return rl, nil
 }
@@ -538,8 +537,10 @@ func (r *runLock) watch() {
 	}()
 }
 
-// Unlock implements gocron.Lock. It stops the extension, writes the run to
-// the run record and releases the run lock, on a context detached from
+// Unlock implements gocron.Lock. It stops the extension, reports the
+// scheduled times that ran nowhere before this run's (WithMissedHandler),
+// writes them and the run to the run record in one script per node, and
+// releases the run lock, on a context detached from
 // ctx (gocron passes the job's ctx, already cancelled after Shutdown,
 // StopJobs, RemoveJob or Update), each bounded by the redlock node
 // timeout. The job's record of scheduled times keeps this run's scheduled
@@ -553,7 +554,8 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		lost := r.stop()
 		close(r.done)
 		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
-		r.l.record(dctx, r.job, r.entry(lost))
+		entries := r.l.missed(dctx, r.job, r.claim, r.run.PreviousMark())
+		r.l.record(dctx, r.job, append(entries, r.entry(lost))...)
 		rerr := r.run.Release(dctx)
 		// Forgotten after the release: until then a Lock of the job that
 		// finds the run lock held by this instance knows it is this run.

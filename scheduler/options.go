@@ -110,10 +110,10 @@ func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.tt
 
 // WithClockTolerance sets the largest difference between two instances'
 // clocks (as seen by their gocron schedulers) that the Locker takes
-// without a clock_skew warning. Each scheduled time runs at most once
-// whatever the difference; within the tolerance, each also runs (the
-// instance whose clock is ahead runs it). Every Lock refused by another
-// instance's record measures the difference (docs/scheduling.md).
+// without a clock_skew warning; it changes nothing else. Each scheduled
+// time runs at most once whatever the difference, on the instance whose
+// clock is ahead. Every Lock refused by another instance's record
+// measures the difference (docs/scheduling.md).
 // Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
 // values of a day or more; 0 warns at any difference above 50 ms.
 func WithClockTolerance(d time.Duration) LockerOption {
@@ -192,11 +192,13 @@ func WithLostHandler(f func(job string, err error)) LockerOption {
 // and recorded as late (Quartz's misfireThreshold). Runs come late from
 // gocron's wait modes, a busy executor or WithStartImmediately. Whatever
 // the threshold, a run never serves a scheduled time once a later one was
-// taken. The threshold bounds how long a scheduled time needs its record
-// on the nodes, so it must pass the redlock Client's TTL check
-// (redlock.Client.CheckTTL: at most the restart gate). Default
+// taken. A node restarted without its data rejoins quorums after the
+// restart gate (redlock.WithRestartGating) without the job's records, so
+// the threshold must not exceed the gate; without gating, a node that
+// loses its data loses the records at once, and at most once then rests on
+// the nodes' persistence (docs/operations.md). Default
 // DefaultMisfireThreshold (1 min), or the Client's restart gate where
-// that is shorter; NewLocker rejects values below 1 ms.
+// that is shorter; NewLocker rejects values below 1 ms or above the gate.
 func WithMisfireThreshold(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.misfire, c.misfireSet = d, true }
 }
@@ -206,8 +208,8 @@ func WithMisfireThreshold(d time.Duration) LockerOption {
 // (Scheduler.Start), each job whose latest scheduled time is at most
 // window ago runs that scheduled time once across the fleet, unless an
 // instance ran it; a run of it is recorded as a catch-up. Like the misfire
-// threshold, window must pass the Client's TTL check. Default 0: off;
-// NewLocker rejects negative values.
+// threshold, window must not exceed the Client's restart gate. Default 0:
+// off; NewLocker rejects negative values and values above the gate.
 func WithCatchUp(window time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.catchUp = window }
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -81,7 +82,7 @@ func (l *Locker) record(ctx context.Context, job string, entries ...Run) {
 	for _, e := range entries {
 		e.Job = job
 		if len(e.Error) > maxErrorText {
-			e.Error = e.Error[:maxErrorText]
+			e.Error = strings.ToValidUTF8(e.Error[:maxErrorText], "")
 		}
 		b, err := json.Marshal(e)
 		if err != nil {
@@ -169,17 +170,17 @@ func (l *Locker) late(ctx context.Context, span trace.Span, job string, c claim,
 // (WithMissedHandler), and how far it looks for them.
 const maxMissed = 100
 
-// reportMissed reports the scheduled times of job between prev (the
-// job's previous scheduled time taken, in Unix ms; 0: none) and c's that
-// ran nowhere: counted, logged, passed to WithMissedHandler and written to
-// the run record. Scheduled times during which a run of the job was in
+// missed reports the scheduled times of job between prev (the job's
+// previous scheduled time taken, in Unix ms; 0: none) and c's that ran
+// nowhere: counted, logged and passed to WithMissedHandler; it returns the
+// run record's entry for them, if any. Scheduled times during which a run of the job was in
 // progress (scheduled or manual: the run record says when each started and
 // ended) are skipped, not missed. A prev that is not on the job's schedule
 // (the schedule changed since, or the instances differ in schedule or
 // location) is warned about as settings_mismatch, and no miss is counted.
-func (l *Locker) reportMissed(ctx context.Context, job string, c claim, prev int64) {
+func (l *Locker) missed(ctx context.Context, job string, c claim, prev int64) []Run {
 	if prev <= 0 || c.kind == kindManual {
-		return
+		return nil
 	}
 	tt := l.timetable(job)
 	from := time.UnixMilli(prev).In(c.at.Location())
@@ -187,15 +188,15 @@ func (l *Locker) reportMissed(ctx context.Context, job string, c claim, prev int
 		l.warn(ctx, warnSettingsMismatch, job, "scheduler: the job's previous scheduled time taken is not on this instance's schedule of the job; "+
 			"instances must share the job's schedule and location (WithLocation), or a scheduled time can run once per schedule",
 			"theirs", from, "ours", c.at)
-		return
+		return nil
 	}
 	times, more := missedTimes(tt, from, c.at)
 	if len(times) == 0 {
-		return
+		return nil
 	}
 	times = slices.DeleteFunc(times, l.runningAt(ctx, job)) // skipped: a run was in progress
 	if len(times) == 0 {
-		return
+		return nil
 	}
 	n := len(times) + more
 	l.count(ctx, job, tracing.OutcomeMissed, int64(n))
@@ -210,8 +211,8 @@ func (l *Locker) reportMissed(ctx context.Context, job string, c claim, prev int
 	if more > 0 {
 		last = c.at // the rest lie between the last listed and this one
 	}
-	l.record(context.WithoutCancel(ctx), job, Run{Kind: kindMissed, Scheduled: times[0], Last: last, Missed: n,
-		Instance: l.cfg.instance, Started: l.cfg.clock.Now(), Outcome: kindMissed})
+	return []Run{{Kind: kindMissed, Scheduled: times[0], Last: last, Missed: n,
+		Instance: l.cfg.instance, Started: l.cfg.clock.Now(), Outcome: kindMissed}}
 }
 
 // missedTimes returns the scheduled times of tt after from and before to,

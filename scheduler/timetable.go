@@ -45,7 +45,8 @@ func newTimetable(s gocron.JobSchedule, loc *time.Location) (timetable, error) {
 	case gocron.MonthlyJobSchedule:
 		return newCalendar("monthly", s.Interval, s.AtTimes, loc, func(d time.Time) bool { return monthDay(d, s.Days, s.DaysFromEnd) })
 	case gocron.OneTimeJobSchedule:
-		return once(slices.SortedFunc(slices.Values(s.StartAt), time.Time.Compare)), nil
+		times := slices.SortedFunc(slices.Values(s.StartAt), time.Time.Compare)
+		return once(slices.CompactFunc(times, time.Time.Equal)), nil
 	}
 	return nil, fmt.Errorf("%w: schedule %T is not known to the scheduler", ErrUnsharedSchedule, s)
 }

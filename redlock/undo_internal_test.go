@@ -1,0 +1,38 @@
+package redlock
+
+import (
+	"context"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestSecondUndoNeverLowersTheMark: on one node the mark is 9 (a run of
+// C), A raised it to 10, B to 11, and both failed. B's undo puts 10 back;
+// A's undo then found no mark before its own (B's undo had cleared it) and
+// deleted the mark, below the 9 that ran. It now leaves the mark at 10: a
+// scheduled time lost rather than one run twice.
+func TestSecondUndoNeverLowersTheMark(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	value := func(owner string) string { return newToken(owner) + "-" + owner }
+	a, b := value("a"), value("b")
+	rdb.HSet(ctx, "mark", "m", "11", "v", b, "pm", "10", "pv", a)
+	undo := func(v string) {
+		t.Helper()
+		if err := rdb.Eval(ctx, releaseSrc, []string{"run", "mark"}, v, "", "", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	undo(b)
+	if got := rdb.HGet(ctx, "mark", "m").Val(); got != "10" {
+		t.Fatalf("mark after B's undo = %q, want 10", got)
+	}
+	undo(a)
+	if got := rdb.HGet(ctx, "mark", "m").Val(); got != "10" {
+		t.Errorf("mark after A's undo = %q, want 10 (left as it is, never below C's 9)", got)
+	}
+}
