@@ -135,7 +135,7 @@ func (cfg *config) validate(nodes int) error {
 	case cfg.gate > 0 && cfg.gate < time.Millisecond:
 		return invalidf("restart gate %v (WithRestartGating) is below the minimum 1ms (0 turns gating off)", cfg.gate)
 	case hasNUL(cfg.keyPrefix):
-		return invalidf("key prefix %q (WithKeyPrefix) contains a NUL byte", cfg.keyPrefix)
+		return invalidf("key prefix %s (WithKeyPrefix) contains a NUL byte", quoteName(cfg.keyPrefix))
 	}
 	return cfg.lock.validateDefault()
 }
@@ -304,7 +304,7 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 		return "", false, err
 	}
 	if c.closed.Load() {
-		return "", false, wrapf([]error{ErrClosed}, "holder of %q unknown: the client is closed", resource)
+		return "", false, wrapf([]error{ErrClosed}, "holder of %s unknown: the client is closed", quoteName(resource))
 	}
 	rs := c.round(ctx, roundSpec{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
 		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet, waitAll: true})

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/schedlock/schedlock/redlock/internal/node"
 )
@@ -100,13 +101,31 @@ func quoteNames(names []string) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(strconv.Quote(n))
+		b.WriteString(quoteName(n))
 	}
 	return b.String()
 }
 
 // maxNames bounds the resource names that one error text lists.
 const maxNames = 5
+
+// maxQuoted bounds the bytes of one name that an error text quotes.
+const maxQuoted = 64
+
+// quoteName quotes a user's name (a resource, a key prefix) for an error
+// text: whole when it has at most maxQuoted bytes, else its first bytes
+// (whole characters) and its length, `"aaa..."... (1048576 bytes)`, so
+// that an error text stays short whatever the input.
+func quoteName(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
+}
 
 // attemptsText returns " after n attempts" for n > 1, else "".
 func attemptsText(n int) string {
@@ -422,7 +441,7 @@ func timeoutText(r NodeResult) string {
 func refusedText(e *QuorumError, r NodeResult) string {
 	var b strings.Builder
 	if r.Resource != "" && (len(e.Resources) != 1 || r.Resource != e.Resources[0]) {
-		fmt.Fprintf(&b, "%q ", r.Resource)
+		b.WriteString(quoteName(r.Resource) + " ")
 	}
 	if r.Holder != "" {
 		fmt.Fprintf(&b, "held by %q", r.Holder)

@@ -154,11 +154,11 @@ func (c *Client) checkResources(resources []string) error {
 		case r == "":
 			return invalidf("resources[%d] is empty", i)
 		case hasNUL(r):
-			return invalidf("resource %q contains a NUL byte", r)
+			return invalidf("resource %s contains a NUL byte", quoteName(r))
 		case r == legacyGateName:
 			return invalidf("resource name %q is reserved: releases before 0.2 kept the restart gate marker under it", r)
 		case dup:
-			return invalidf("resource %q is listed twice (resources[%d] and resources[%d])", r, j, i)
+			return invalidf("resource %s is listed twice (resources[%d] and resources[%d])", quoteName(r), j, i)
 		}
 		seen[r] = i
 	}
