@@ -334,9 +334,14 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 	return c.HolderMetadata(ctx, resource)
 }
 
-// parseGet reads a GET reply: OK, with the value if this package wrote it.
+// parseGet reads a GET reply: OK, with the value if this package wrote
+// it; nil (no key) is OK without a value; any other reply is a faulty
+// node's (badReply).
 func parseGet(cmd *redis.Cmd) NodeResult {
-	v, _ := cmd.Val().(string)
+	v, ok := cmd.Val().(string)
+	if !ok && cmd.Val() != nil {
+		return badReply("GET", cmd.Val())
+	}
 	if _, _, ok := splitValue(v); !ok {
 		v = ""
 	}

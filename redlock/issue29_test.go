@@ -7,9 +7,14 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -47,5 +52,152 @@ func TestLongNamesAreCutInErrorTexts(t *testing.T) {
 	}
 	if !errors.Is(errs["refused TryAcquire"], redlock.ErrNotAcquired) {
 		t.Errorf("refused TryAcquire = %.200v, want ErrNotAcquired", errs["refused TryAcquire"])
+	}
+}
+
+// fakeReplies is a go-redis hook that stands for a faulty proxy in front
+// of a node: the node runs every command, and the hook replaces the
+// reply of each script and SET with reply (nil: a nil reply).
+type fakeReplies struct {
+	reply any
+	off   atomic.Bool // replies pass unchanged
+}
+
+func (h *fakeReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *fakeReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		_ = next(ctx, cmd)
+		return h.fake(cmd)
+	}
+}
+
+func (h *fakeReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		_ = next(ctx, cmds)
+		var first error
+		for _, cmd := range cmds {
+			if err := h.fake(cmd); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+}
+
+// fake replaces cmd's reply if it is a script or a SET.
+func (h *fakeReplies) fake(cmd redis.Cmder) error {
+	c, ok := cmd.(*redis.Cmd)
+	if h.off.Load() {
+		return cmd.Err()
+	}
+	if name := strings.ToLower(fmt.Sprint(cmd.Args()[0])); !ok || (name != "eval" && name != "evalsha" && name != "set") {
+		return cmd.Err()
+	}
+	c.SetVal(h.reply)
+	c.SetErr(nil)
+	if h.reply == nil {
+		c.SetErr(redis.Nil)
+	}
+	return c.Err()
+}
+
+// fakedClient returns a client of s whose script and SET replies are
+// reply.
+func fakedClient(t *testing.T, addr string, reply any) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb.AddHook(&fakeReplies{reply: reply})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// TestRepliesRedisNeverSendsAreNodeErrors: a reply outside a command's
+// contract is the node's error on every path, never a grant, a
+// confirmation or a refusal: nil to the acquire script counted as a grant
+// (as SET NX GET's nil does), and integers out of range as refusals.
+func TestRepliesRedisNeverSendsAreNodeErrors(t *testing.T) {
+	cl := redlocktest.Start(t, 1)
+	ctx := context.Background()
+	tok := strings.Repeat("0", 32) + "-"
+	for _, reply := range []any{nil, "OK", tok, int64(1), int64(7), []any{}, []any{int64(1), "x"}, []any{int64(0)},
+		[]any{int64(0), "v", int64(10), int64(5)}, []any{int64(2)}, []any{int64(9)}} {
+		c := newClient(t, []redis.UniversalClient{fakedClient(t, cl[0].Addr(), reply)})
+		paths := map[string]func() error{
+			"Acquire (the script)": func() error {
+				_, err := c.TryAcquire(ctx, []string{"a", "b"}, time.Minute)
+				return err
+			},
+			"Acquire with fencing": func() error {
+				_, err := c.TryAcquire(ctx, []string{"f"}, time.Minute, redlock.WithFencing(true))
+				return err
+			},
+		}
+		if _, value := reply.(string); reply != nil && !value { // nil (set) and values (held) are SET NX GET's
+			paths["TryAcquire (SET NX GET)"] = func() error {
+				_, err := c.TryAcquire(ctx, []string{"s"}, time.Minute)
+				return err
+			}
+		}
+		for what, try := range paths {
+			err := try()
+			var q *redlock.QuorumError
+			switch {
+			case err == nil:
+				t.Errorf("reply %#v: %s granted", reply, what)
+			case !errors.As(err, &q) || q.Nodes[0].Outcome != redlock.OutcomeError:
+				t.Errorf("reply %#v: %s = %v, want the node's OutcomeError", reply, what, err)
+			}
+		}
+	}
+
+	// Extend and Release, of a lock granted before the replies went bad.
+	for _, reply := range []any{nil, "OK", int64(2), int64(-1), []any{int64(1)}} {
+		h := &fakeReplies{reply: reply}
+		h.off.Store(true)
+		rdb := redis.NewClient(&redis.Options{Addr: cl[0].Addr()})
+		rdb.AddHook(h)
+		t.Cleanup(func() { _ = rdb.Close() })
+		c := newClient(t, []redis.UniversalClient{rdb})
+		l, err := c.TryAcquire(ctx, []string{"e"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.off.Store(false)
+		for what, err := range map[string]error{"Extend": l.Extend(ctx, time.Minute), "Release": l.Release(ctx)} {
+			var q *redlock.QuorumError
+			switch {
+			case err == nil || errors.Is(err, redlock.ErrLockLost):
+				t.Errorf("reply %#v: %s = %v, want the node's error", reply, what, err)
+			case !errors.As(err, &q) || q.Nodes[0].Outcome != redlock.OutcomeError:
+				t.Errorf("reply %#v: %s = %v, want the node's OutcomeError", reply, what, err)
+			}
+		}
+		h.off.Store(true)
+		_ = rdb.Del(ctx, "e")
+	}
+}
+
+// TestNilAnsweringNodeGivesNoSecondHolder: one node behind a faulty proxy
+// that answers nil to every script, and one partitioned link per Client:
+// counting the nil as a grant gave both Clients the lock at once.
+func TestNilAnsweringNodeGivesNoSecondHolder(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	clients := func(cut int) []redis.UniversalClient {
+		nodes, proxies := cl.ProxiedClients(t)
+		nodes[0].(*redis.Client).AddHook(&fakeReplies{})
+		proxies[cut].Blackhole(true)
+		return nodes
+	}
+	a, b := newClient(t, clients(2)), newClient(t, clients(1))
+	once := redlock.WithRetry(func() backoff.BackOff { return &backoff.StopBackOff{} })
+	la, errA := a.Acquire(ctx, []string{"r"}, time.Minute, once)
+	lb, errB := b.Acquire(ctx, []string{"r"}, time.Minute, once)
+	if errA == nil && errB == nil {
+		t.Fatalf("both Clients hold r (Until %v and %v away)", time.Until(la.Until()), time.Until(lb.Until()))
+	}
+	if errA == nil {
+		t.Errorf("Client a holds r with one real grant: node 0's nil counted")
 	}
 }

@@ -2,7 +2,6 @@ package redlock
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -423,14 +422,15 @@ func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool
 		parse: parseInt(int64(want)), skip: skip, cleanup: true}
 }
 
-// parseInt reads a script's integer reply, OK when it equals want, else
-// OutcomeHeld.
+// parseInt reads the integer reply of a script that answers 0 to want:
+// OK when it equals want, OutcomeHeld below it. Any other reply, nil
+// included, is a faulty node's (badReply).
 func parseInt(want int64) func(*redis.Cmd) NodeResult {
 	return func(cmd *redis.Cmd) NodeResult {
-		v, err := cmd.Int64()
+		v, ok := cmd.Val().(int64)
 		switch {
-		case err != nil:
-			return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %v", cmd.Val())}
+		case !ok || cmd.Err() != nil || v < 0 || v > want:
+			return badReply("script", cmd.Val())
 		case v == want:
 			return NodeResult{Outcome: OutcomeOK}
 		}
