@@ -58,9 +58,10 @@ type peer struct {
 // redis.io page: correct while that node runs, not fault tolerant.
 //
 // Give the go-redis clients ContextTimeoutEnabled: true if you can: go-redis
-// then ends a request at its round's deadline (the node timeout) instead of
-// at its ReadTimeout (3 s by default), so a frozen node holds up none of the
-// later commands for it.
+// then ends a request at its deadline (the node timeout; for a release or
+// undo, the node timeout after it went out) instead of at its ReadTimeout
+// (5 s by default in go-redis v9.23), so a frozen or unreachable node holds
+// up the later commands for it at most about the node timeout.
 //
 // A *redis.ClusterClient or *redis.Ring may stand for one node only if every
 // resource of a multi-resource lock maps to one hash slot (use hash tags):

@@ -185,7 +185,7 @@ func TestNilAnsweringNodeGivesNoSecondHolder(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	ctx := context.Background()
 	clients := func(cut int) []redis.UniversalClient {
-		nodes, proxies := cl.ProxiedClients(t)
+		nodes, proxies := ctxTimeoutProxied(t, cl, 0)
 		nodes[0].(*redis.Client).AddHook(&fakeReplies{})
 		proxies[cut].Blackhole(true)
 		return nodes
@@ -199,5 +199,76 @@ func TestNilAnsweringNodeGivesNoSecondHolder(t *testing.T) {
 	}
 	if errA == nil {
 		t.Errorf("Client a holds r with one real grant: node 0's nil counted")
+	}
+}
+
+// ctxTimeoutProxied returns a client per server of cl through a proxy
+// each, with ContextTimeoutEnabled and readTimeout, and the proxies.
+func ctxTimeoutProxied(t *testing.T, cl redlocktest.Cluster, readTimeout time.Duration) ([]redis.UniversalClient, []*redlocktest.Proxy) {
+	t.Helper()
+	var nodes []redis.UniversalClient
+	var proxies []*redlocktest.Proxy
+	for _, s := range cl {
+		p := redlocktest.NewProxy(t, s.Addr())
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, ReadTimeout: readTimeout})
+		t.Cleanup(func() { _ = rdb.Close() })
+		nodes, proxies = append(nodes, rdb), append(proxies, p)
+	}
+	return nodes, proxies
+}
+
+// TestCleanupInABlackHoleStallsNoNode: a Release sent into a 200 ms black
+// hole on 2 of 3 links held those nodes' later calls until go-redis's read
+// timeout (here 10 s), even with ContextTimeoutEnabled: cleanups had no
+// deadline. Every lock of the Client failed meanwhile. Now a cleanup
+// waits at most the node timeout for its reply once sent, and the nodes
+// take new locks about a node timeout after the links heal.
+func TestCleanupInABlackHoleStallsNoNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := ctxTimeoutProxied(t, cl, 10*time.Second)
+	c := newClient(t, nodes)
+	ctx := context.Background()
+	for _, op := range []string{"release", "undo"} {
+		t.Run(op, func(t *testing.T) {
+			l, err := c.Acquire(ctx, []string{op}, 30*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxies[0].Blackhole(true)
+			proxies[1].Blackhole(true)
+			if op == "release" {
+				_ = l.Release(ctx) // fails: 2 nodes in the black hole
+			} else {
+				// A failed attempt (the lock is held): its undo goes out.
+				_, _ = c.TryAcquire(ctx, []string{op, op + "2"}, time.Second)
+			}
+			time.Sleep(200 * time.Millisecond)
+			proxies[0].Blackhole(false)
+			proxies[1].Blackhole(false)
+			healed := time.Now()
+			for {
+				l2, err := c.TryAcquire(ctx, []string{op + "-after"}, time.Second)
+				if err == nil {
+					_ = l2.Release(ctx)
+					break
+				}
+				if time.Since(healed) > 20*time.Second {
+					t.Fatalf("no lock 20s after the links healed: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			stall := time.Since(healed)
+			t.Logf("first lock %v after the links healed (node timeout %v)", stall.Round(time.Millisecond), c.NodeTimeout())
+			if stall > 3*time.Second {
+				t.Errorf("first lock %v after the links healed, want about the node timeout %v (well under go-redis's 10s read timeout)",
+					stall.Round(time.Millisecond), c.NodeTimeout())
+			}
+			if op == "release" {
+				return
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("Release after the links healed: %v", err)
+			}
+		})
 	}
 }

@@ -495,7 +495,9 @@ func TestCloseWithFrozenNodeEndsWithinReadTimeout(t *testing.T) {
 	verifyNoLeaks(t)
 	const readTimeout = 2 * time.Second
 	cl := redlocktest.Start(t, 3)
-	c, err := redlock.New(readTimeoutClients(t, cl, readTimeout, true))
+	// The release waits for its reply the node timeout once sent: as long
+	// as the read timeout, so that it is still waiting when Close gives up.
+	c, err := redlock.New(readTimeoutClients(t, cl, readTimeout, true), redlock.WithNodeTimeout(readTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}

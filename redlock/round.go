@@ -50,12 +50,15 @@ type roundSpec struct {
 	// its calls not sent by then (extend: never after Until).
 	deadline time.Time
 	// cleanup (release, undo): the calls ignore the caller's cancellation
-	// (they clean up also for a caller that gave up) and have no deadline
-	// of their own; each goes out when its node's sender gets to it,
-	// however late, so that it always runs after the acquire it follows on
-	// that node (which go-redis may have delayed: a new connection to dial
-	// first). A delete of our own value is harmless at any time. The round
-	// still waits at most the node timeout.
+	// (they clean up also for a caller that gave up) and are never
+	// dropped: each goes out when its node's sender gets to it, however
+	// late, so that it always runs after the acquire it follows on that
+	// node (which go-redis may have delayed: a new connection to dial
+	// first). A delete of our own value is harmless at any time. Once
+	// sent, a call waits for its reply at most the node timeout
+	// (node.Call.Wait), so a cleanup sent into a black hole holds its
+	// node's later calls no longer than an acquire does. The round still
+	// waits at most the node timeout.
 	cleanup bool
 	// async returns at once, without results (undo).
 	async bool
@@ -193,6 +196,9 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	spec := rs.spec
 	*nc = nodeCall{Call: node.Call{Script: spec.script, Keys: spec.keys, Args: rs.cmd, Reorderable: spec.cleanup,
 		Done: reply}, rs: rs, p: p, plain: plain}
+	if spec.cleanup {
+		nc.Wait = rs.nodeTimeout()
+	}
 	if plain {
 		nc.Script, nc.Args = nil, spec.setGet
 	}
