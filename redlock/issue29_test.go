@@ -272,3 +272,44 @@ func TestCleanupInABlackHoleStallsNoNode(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepUsesTheHoldersLastExtend: Keep's extension that fires while an
+// Extend of the holder's is in its round waits behind it and then
+// extends by the TTL the holder set, not the one it read before (it ran
+// after the holder's Extend with the old TTL, and TTL() read the long
+// value again). Slow links make every round overlap Keep's 10 ms period.
+func TestKeepUsesTheHoldersLastExtend(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := ctxTimeoutProxied(t, cl, 0)
+	for _, p := range proxies {
+		p.SetLatency(10 * time.Millisecond)
+	}
+	c := newClient(t, nodes, redlock.WithNodeTimeout(time.Second))
+	ctx := context.Background()
+	const long, short = 6 * time.Second, 2 * time.Second
+	l, err := c.Acquire(ctx, []string{"r"}, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	kctx, stop := l.Keep(ctx, redlock.ExtendEvery(10*time.Millisecond))
+	defer stop()
+	for i := range 10 {
+		if err := l.Extend(ctx, long); err != nil {
+			t.Fatalf("try %d: Extend(%v): %v", i, long, err)
+		}
+		if err := l.Extend(ctx, short); err != nil {
+			t.Fatalf("try %d: Extend(%v): %v", i, short, err)
+		}
+		time.Sleep(150 * time.Millisecond) // several of Keep's extensions
+		if got := l.TTL(); got != short {
+			t.Fatalf("try %d: TTL() = %v after the holder's Extend(%v) and Keep's extensions, want %v", i, got, short, short)
+		}
+		if left := time.Until(l.Until()); left > short {
+			t.Fatalf("try %d: Until is %v away after the holder's Extend(%v)", i, left.Round(time.Millisecond), short)
+		}
+	}
+	if kctx.Err() != nil {
+		t.Errorf("kept context ended: %v", context.Cause(kctx))
+	}
+}

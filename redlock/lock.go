@@ -300,6 +300,13 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend called on a nil *Lock")
 	}
+	return l.extend(ctx, ttl, false)
+}
+
+// extend is Extend; with current (Keep's extensions) it extends by the
+// Lock's TTL as it is once the Lock's op mutex is held instead of ttl, so
+// that an Extend of the holder's that ran meanwhile sets the TTL it uses.
+func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err error) {
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanExtend, l.resources, ttl)
 	defer func() { c.tel.endExtend(ctx, span, err) }()
@@ -316,6 +323,9 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if err != nil {
 		return err
 	}
+	if current {
+		ttl = l.TTL()
+	}
 	reentrant := "0"
 	if l.token != "" {
 		reentrant = "1"
@@ -323,6 +333,13 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	start := time.Now()
 	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: l.ownedKeys(),
 		args: []any{value, ttl.Milliseconds(), reentrant}, parse: parseInt(1), deadline: until})
+	return l.extended(ctx, rs, start, ttl)
+}
+
+// extended records the outcome of an extend round that started at start
+// with ttl, and returns Extend's error.
+func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, ttl time.Duration) error {
+	c := l.c
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {

@@ -560,10 +560,12 @@ func TestKeepFollowsAShorteningExtend(t *testing.T) {
 			ctx := context.Background()
 			work := func(kctx context.Context) error {
 				l, _ := redlock.FromContext(kctx)
-				if err := l.Extend(kctx, 200*time.Millisecond); err != nil {
+				// Shortened to 1 s (not less: Keep now really extends by
+				// it, and a loaded machine must keep it), for 3 of its TTLs.
+				if err := l.Extend(kctx, time.Second); err != nil {
 					return err
 				}
-				for end := time.Now().Add(time.Second); time.Now().Before(end) && kctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+				for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && kctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
 					l2, err := b.TryAcquire(ctx, []string{"r"}, time.Second)
 					if err != nil {
 						continue
@@ -575,15 +577,18 @@ func TestKeepFollowsAShorteningExtend(t *testing.T) {
 					_ = l2.Release(ctx)
 					return nil
 				}
+				if left := time.Until(l.Until()); kctx.Err() == nil && (left <= 0 || left > time.Second) {
+					t.Errorf("after 3 s kept at a 1 s TTL, Until is %v away, want within the 1 s TTL", left.Round(time.Millisecond))
+				}
 				return nil
 			}
 			if viaDo {
-				if err := a.Do(ctx, []string{"r"}, 3*time.Second, work); err != nil {
+				if err := a.Do(ctx, []string{"r"}, 6*time.Second, work); err != nil {
 					t.Errorf("Do = %v", err)
 				}
 				return
 			}
-			l, err := a.Acquire(ctx, []string{"r"}, 3*time.Second)
+			l, err := a.Acquire(ctx, []string{"r"}, 6*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
