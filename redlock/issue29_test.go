@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -311,5 +312,95 @@ func TestKeepUsesTheHoldersLastExtend(t *testing.T) {
 	}
 	if kctx.Err() != nil {
 		t.Errorf("kept context ended: %v", context.Cause(kctx))
+	}
+}
+
+// TestShorteningExtendIsPlainAndReleaseOfLiveKeysIsNil: Extend to a
+// shorter TTL moves Until and TTL() but cannot shorten the keys, which
+// expire within the longest TTL after the last extend (doc.go); a Release
+// after the short Until that still deletes the live keys on a quorum
+// returns nil (it returned ErrLockLost).
+func TestShorteningExtendIsPlainAndReleaseOfLiveKeysIsNil(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	const long, short = 6 * time.Second, 500 * time.Millisecond
+	l, err := c.Acquire(ctx, []string{"r"}, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extended := time.Now()
+	if err := l.Extend(ctx, short); err != nil {
+		t.Fatal(err)
+	}
+	if got, left := l.TTL(), time.Until(l.Until()); got != short || left > short {
+		t.Errorf("after Extend(%v): TTL() = %v, Until %v away; want %v and at most that", short, got, left, short)
+	}
+	waitSettled(t, c)
+	for i, at := range nodesExpiry(t, cl, "r") {
+		if limit := extended.Add(long + 100*time.Millisecond); at.After(limit) {
+			t.Errorf("node %d: key expires %v after the Extend, want within the longest TTL %v", i, at.Sub(extended), long)
+		}
+	}
+	time.Sleep(short + 100*time.Millisecond)
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release of keys still live on every node after Until = %v, want nil", err)
+	}
+	if n := totalKeys(t, cl); n != 0 {
+		t.Errorf("%d keys left after Release", n)
+	}
+}
+
+// TestReleaseThatCouldNotRunIsNotNil: a node whose user may SET but not
+// EVAL answers the release with NOPERM. Release returned nil once the two
+// other nodes (400 ms slower here, so the NOPERM comes first) had deleted their
+// keys, while the first node kept its key for its TTL. Now it names that
+// node and says how long the key may stay; with every node refusing, the
+// error says so too.
+func TestReleaseThatCouldNotRunIsNotNil(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	for _, s := range cl {
+		if err := s.Client(t).Do(ctx, "ACL", "SETUSER", "noeval", "reset", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noEval := func(addr string) redis.UniversalClient {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, Username: "noeval", Password: "pw"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		return rdb
+	}
+	nodes, proxies := ctxTimeoutProxied(t, cl, 0)
+	proxies[1].SetLatency(200 * time.Millisecond)
+	proxies[2].SetLatency(200 * time.Millisecond)
+	nodes[0] = noEval(cl[0].Addr())
+	c := newClient(t, nodes, redlock.WithNodeTimeout(2*time.Second))
+	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute) // SET NX GET: allowed
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	err = l.Release(ctx)
+	var q *redlock.QuorumError
+	switch {
+	case err == nil:
+		t.Fatalf("Release = nil with node 0 answering NOPERM (node 0 keys: %q)", cl[0].Keys(t))
+	case !errors.As(err, &q) || q.Nodes[0].Outcome != redlock.OutcomeError:
+		t.Errorf("Release = %v, want a *QuorumError with node 0's error", err)
+	case !strings.Contains(err.Error(), cl[0].Addr()+", where the release could not run") || !regexp.MustCompile(`its keys stay there until their TTL runs out, at most (1m)?[0-9.]+s from now`).MatchString(err.Error()):
+		t.Errorf("Release reads %q, want it to name node 0 and how long its key may stay", err)
+	}
+	if errors.Is(err, redlock.ErrLockLost) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("Release = %v: released on a quorum, want neither ErrLockLost nor ErrUnavailable", err)
+	}
+
+	all := newClient(t, []redis.UniversalClient{noEval(cl[0].Addr()), noEval(cl[1].Addr()), noEval(cl[2].Addr())})
+	l, err = all.TryAcquire(ctx, []string{"s"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Release(ctx)
+	if !errors.Is(err, redlock.ErrUnavailable) || !strings.Contains(err.Error(), "its keys stay until their TTL runs out, at most") {
+		t.Errorf("Release with every node answering NOPERM = %v, want ErrUnavailable saying how long the keys stay", err)
 	}
 }
