@@ -34,6 +34,9 @@
 // reentrant owner, of any of its holds), so a holder that dies frees its
 // resources within that time: the nodes never lower a key's TTL, so an
 // Extend to a shorter TTL moves Until earlier but not the keys' expiry.
+// Each extension also sets the lock's keys again where they are missing
+// (not on a node within its restart gate), so a lock granted by a bare
+// quorum regains the fault tolerance of a fresh one.
 //
 // # Errors
 //

@@ -144,7 +144,9 @@ const (
 	// key of the lock (release).
 	OutcomeOK Outcome = iota
 	// OutcomeHeld: the node answered, and a key is held by another owner
-	// (acquire) or no longer holds this lock (extend, release).
+	// (acquire) or no longer holds this lock (extend, release; an extend
+	// sets the lock's missing keys again where no other owner holds one,
+	// for later rounds, but the node still counts as not holding it).
 	OutcomeHeld
 	// OutcomeError: the node answered with an error, or the connection
 	// failed.
@@ -153,7 +155,8 @@ const (
 	// (WithNodeTimeout), or the caller's ctx ended first (then Err is
 	// ctx's cause, and the node does not count as failed).
 	OutcomeTimeout
-	// OutcomeGated: the node refused to vote because it lost its data
+	// OutcomeGated: the node refused to vote (acquire), or to set a
+	// missing key of the lock again (extend), because it lost its data
 	// recently and is within its restart gate (WithRestartGating). It
 	// counts as a failure for ErrUnavailable; it votes again once the gate
 	// has passed.
@@ -202,6 +205,7 @@ type NodeResult struct {
 	HolderTTL time.Duration
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
+	regained    bool   // extend, OutcomeHeld: the missing keys are set again
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
 	reply       []any  // the script's reply, for the layers (fencing)
 	value       string // holder round: the key's value (never leaves the package)
@@ -404,6 +408,9 @@ func describe(e *QuorumError, r NodeResult) string {
 			return refusedText(e, r)
 		case "fence", "check":
 			return "has a larger fencing token from another acquisition"
+		}
+		if r.regained {
+			return "no longer held this lock (its keys are set there again)"
 		}
 		return "no longer holds this lock"
 	case OutcomeError:

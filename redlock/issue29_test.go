@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -402,5 +403,85 @@ func TestReleaseThatCouldNotRunIsNotNil(t *testing.T) {
 	err = l.Release(ctx)
 	if !errors.Is(err, redlock.ErrUnavailable) || !strings.Contains(err.Error(), "its keys stay until their TTL runs out, at most") {
 		t.Errorf("Release with every node answering NOPERM = %v, want ErrUnavailable saying how long the keys stay", err)
+	}
+}
+
+// TestBareQuorumLockRegainsItsKeys: a lock granted by 2 of 3 nodes (the
+// third link dropped the acquire) gets its missing key back at its next
+// extension, so that it then survives the loss of one more node of three,
+// as a freshly granted lock does. Extensions never recreated a key: the
+// lock lived on 2 nodes for good, and one frozen node ended it.
+func TestBareQuorumLockRegainsItsKeys(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, proxies := ctxTimeoutProxied(t, cl, 0)
+	c := newClient(t, nodes)
+	ctx := context.Background()
+	proxies[2].Blackhole(true)
+	l, err := c.Acquire(ctx, []string{"r"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Node 2's acquire goes out beside the others' and ends at the node
+	// timeout: heal only after it has surely gone into the black hole.
+	time.Sleep(5 * c.NodeTimeout())
+	proxies[2].Blackhole(false)
+	if n := cl[2].Client(t).Exists(ctx, "r").Val(); n != 0 {
+		t.Fatal("node 2 has the key: the lock was not granted by a bare quorum")
+	}
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	if v := cl[2].Client(t).Get(ctx, "r").Val(); v == "" || v != cl[0].Client(t).Get(ctx, "r").Val() {
+		t.Errorf("node 2's key after an Extend = %q, want the lock's value as on node 0", v)
+	}
+	if pttl := cl[2].Client(t).PTTL(ctx, "r").Val(); pttl < 9*time.Second {
+		t.Errorf("node 2's key PTTL = %v after Extend(10s)", pttl)
+	}
+	proxies[0].Blackhole(true)
+	defer proxies[0].Blackhole(false)
+	if err := l.Extend(ctx, 10*time.Second); err != nil {
+		t.Errorf("Extend with node 0 unreachable, after the lock regained node 2: %v", err)
+	}
+	rival := newClient(t, cl.Clients(t))
+	if _, err := rival.TryAcquire(ctx, []string{"r"}, time.Second); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Errorf("rival TryAcquire = %v, want ErrNotAcquired", err)
+	}
+}
+
+// TestRegainRespectsOwnersAndTheRestartGate: an extension sets a missing
+// key only where no key of the lock is another owner's, and not on a node
+// within its restart gate (it answers gated and sets nothing).
+func TestRegainRespectsOwnersAndTheRestartGate(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	const gate = 2 * time.Second
+	c := newClient(t, cl.Clients(t), redlock.WithRestartGating(gate))
+	// Let every node's gate pass: a new node waits out its gate too.
+	_, _ = c.TryAcquire(ctx, []string{"warm"}, time.Second)
+	time.Sleep(gate + 100*time.Millisecond)
+	l, err := c.Acquire(ctx, []string{"a", "b"}, gate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+
+	// Node 0: "b" missing, "a" another owner's: nothing set.
+	n0 := cl[0].Client(t)
+	n0.Del(ctx, "b")
+	n0.Set(ctx, "a", strings.Repeat("f", 32)+"-other", time.Minute)
+	// Node 1 loses its data (a restart without persistence): gated.
+	cl[1].Kill(t)
+	cl[1].Restart(t)
+	err = l.Extend(ctx, gate)
+	var q *redlock.QuorumError
+	if !errors.As(err, &q) || q.Nodes[0].Outcome != redlock.OutcomeHeld || q.Nodes[1].Outcome != redlock.OutcomeGated {
+		t.Fatalf("Extend = %v, want node 0 held by another owner and node 1 gated", err)
+	}
+	if n := n0.Exists(ctx, "b").Val(); n != 0 {
+		t.Errorf("node 0: %q regained beside another owner's %q", "b", "a")
+	}
+	if keys := cl[1].Keys(t); slices.ContainsFunc(keys, func(k string) bool { return k == "a" || k == "b" }) {
+		t.Errorf("node 1 within its restart gate has lock keys %q", keys)
 	}
 }

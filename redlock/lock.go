@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -288,8 +289,15 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 
 // Extend raises the TTL of every key of the lock to ttl on the nodes where
 // all of them still hold this lock (owner-checked in one script per node),
-// and on success moves Until to this round's start + ttl - drift, and TTL
-// to ttl.
+// and on success (a quorum of such nodes) moves Until to this round's
+// start + ttl - drift, and TTL to ttl. On a node where a key of the lock
+// is missing and none is another owner's, it sets the missing keys again,
+// as Acquire would (the node lost them, or never got them: a lock granted
+// by a bare quorum), unless the node is within its restart gate
+// (WithRestartGating). Such a node does not count toward this round's
+// quorum, but does in later rounds: a held lock regains the fault
+// tolerance of a fresh one (docs/design.md, "Regaining keys"). An Extend
+// that finds the lock lost deletes the keys it set again.
 //
 // Extend cannot shorten the lock on the nodes: it never lowers a key's
 // TTL (an Extend that timed out may still reach a node after a later,
@@ -300,10 +308,11 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // the longest TTL of the acquire and its extends after the last of them.
 // Release frees the keys at once.
 //
-// ttl is rounded down to whole milliseconds. It never creates a key, its
-// calls still queued for a node when Until passes are dropped, and it obeys
-// every limit of Acquire (the TTL's range and the restart gate). Concurrent
-// Extend and Release calls on one Lock run one after the other.
+// ttl is rounded down to whole milliseconds. Its calls still queued for a
+// node when Until passes are dropped, answers after Until do not count,
+// and it obeys every limit of Acquire (the TTL's range and the restart
+// gate). Concurrent Extend and Release calls on one Lock run one after the
+// other.
 //
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
@@ -335,7 +344,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
-	value, _, until, err := l.checkHeld(ctx)
+	value, aid, until, err := l.checkHeld(ctx)
 	if err != nil {
 		return err
 	}
@@ -350,9 +359,34 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	if l.token != "" {
 		reentrant = "1"
 	}
-	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: l.ownedKeys(),
-		args: []any{value, ttl.Milliseconds(), reentrant}, parse: parseInt(1), deadline: until})
-	return l.extended(ctx, rs, start, ttl)
+	keys := l.ownedKeys()
+	if c.cfg.gate > 0 {
+		keys = append(slices.Clip(keys), c.gateKeys()...)
+	}
+	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: keys,
+		args: []any{value, ttl.Milliseconds(), reentrant, aid, c.cfg.gate.Milliseconds()}, parse: parseExtend, deadline: until})
+	err = l.extended(ctx, rs, start, ttl)
+	if errors.Is(err, ErrLockLost) {
+		l.dropRegained(ctx, rs, value, aid)
+	}
+	return err
+}
+
+// dropRegained deletes the keys that an extension which found the lock
+// lost set again (parseExtend), as an undo does: a cleanup queued after
+// the extension on each node, not waited for.
+func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value, aid string) {
+	skip, none := make([]bool, len(rs)), true
+	for i, r := range rs {
+		skip[i] = !r.regained
+		none = none && skip[i]
+	}
+	if none {
+		return
+	}
+	undo := l.c.releaseSpec(l, "release", value, aid, "", skip)
+	undo.async = true
+	l.c.round(ctx, undo)
 }
 
 // extended records the outcome of an extend round that started at start
@@ -522,6 +556,25 @@ func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool
 	}
 	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice},
 		parse: parseInt(int64(want)), skip: skip, cleanup: true}
+}
+
+// parseExtend reads the extend script's reply: 1 extended; 0 held by
+// another owner; 3 a key of the lock was missing and is set again: the
+// node did not hold the lock, so it counts as OutcomeHeld (regained), not
+// as a confirmation, and the keys it holds now serve later rounds; {2, ms}
+// gated. Any other reply is a faulty node's (badReply).
+func parseExtend(cmd *redis.Cmd) NodeResult {
+	switch v := cmd.Val().(type) {
+	case int64:
+		if v == 3 {
+			return NodeResult{Outcome: OutcomeHeld, regained: true}
+		}
+	case []any:
+		if len(v) == 2 && allInts(v) && v[0] == int64(2) {
+			return NodeResult{Outcome: OutcomeGated}
+		}
+	}
+	return parseInt(1)(cmd)
 }
 
 // parseInt reads the integer reply of a script that answers 0 to want:
