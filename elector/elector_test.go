@@ -78,12 +78,19 @@ type candidate struct {
 
 func startCandidate(t *testing.T, cl redlocktest.Cluster, id string, w *windows, opts ...elector.Option) *candidate {
 	t.Helper()
-	c := &candidate{done: make(chan struct{})}
+	var clients []redis.UniversalClient
 	for _, s := range cl {
 		// Own clients that the test can close to simulate a crash.
-		rdb := redis.NewClient(&redis.Options{Addr: s.Addr()})
-		c.clients = append(c.clients, rdb)
+		clients = append(clients, redis.NewClient(&redis.Options{Addr: s.Addr()}))
 	}
+	return startCandidateOn(t, clients, id, w, opts...)
+}
+
+// startCandidateOn is startCandidate with the given go-redis clients,
+// which it closes.
+func startCandidateOn(t *testing.T, clients []redis.UniversalClient, id string, w *windows, opts ...elector.Option) *candidate {
+	t.Helper()
+	c := &candidate{done: make(chan struct{}), clients: clients}
 	client, err := redlock.New(c.clients)
 	if err != nil {
 		t.Fatal(err)

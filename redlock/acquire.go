@@ -2,7 +2,6 @@ package redlock
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -227,7 +226,7 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
 		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
 			l.cfg.recordTTL.Milliseconds(), markArg(l.cfg), l.cfg.markTTL.Milliseconds()},
-		parse: parseAcquire(l, value),
+		parse: parseAcquire(l, value), parseSet: parseSetGet(l, value),
 		// Acquire's retries do not wait for a node that timed out until
 		// it answers again; a first attempt (and TryAcquire, which a
 		// caller may retry through a burst that only slows the nodes)
@@ -246,12 +245,59 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 	return spec
 }
 
-// parseAcquire returns the reader of l's acquire replies for value: the
-// script's {1, ...} granted, {0, holder's value, PTTL, key} refused, {2,
-// ms} gated; SET NX GET's nil (set) or the key's value, which is granted
-// when it has our owner token (go-redis sent the command again after a
-// lost reply).
+// parseAcquire returns the reader of l's acquire script replies for
+// value: {1, ...} granted (integers only, as many as the layers add; with
+// fencing, at least the proposed token and the largest counter), {0, holder's value, PTTL, i}
+// refused by lock key i or by the record (i = 0), {0, value, PTTL, -1,
+// mark} refused by the mark, {2, ms} gated. Any other
+// reply, nil included, is a faulty node's (badReply).
 func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
+	return func(cmd *redis.Cmd) NodeResult {
+		v, _ := cmd.Val().([]any)
+		switch {
+		case len(v) == 0 || !allInts(v[:1]):
+		case v[0] == int64(1) && allInts(v) && (!l.cfg.fencing || len(v) >= 3):
+			return NodeResult{Outcome: OutcomeOK, reply: v}
+		case v[0] == int64(2) && len(v) == 2 && allInts(v):
+			return NodeResult{Outcome: OutcomeGated}
+		case v[0] == int64(0):
+			if r, ok := l.refusedBy(v); ok {
+				return r
+			}
+		}
+		return badReply("acquire script", cmd.Val())
+	}
+}
+
+// refusedBy reads the acquire script's refusal {0, holder's value, PTTL,
+// i}, or {0, value, PTTL, -1, mark} by the mark; false when v is not one.
+func (l *Lock) refusedBy(v []any) (NodeResult, bool) {
+	if len(v) == 5 && l.cfg.mark != "" && allInts(v[2:]) && intAt(v, 3) == -1 {
+		holder, isString := v[1].(string)
+		r := refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.cfg.mark)
+		r.HolderMark = intAt(v, 4)
+		return r, isString
+	}
+	if len(v) != 4 || !allInts(v[2:]) {
+		return NodeResult{}, false
+	}
+	holder, isString := v[1].(string)
+	i := intAt(v, 3)
+	if !isString || i < 0 || int(i) > l.n || (i == 0 && l.cfg.record == "") {
+		return NodeResult{}, false
+	}
+	resource := l.cfg.record
+	if i >= 1 {
+		resource = l.resources[i-1]
+	}
+	return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, resource), true
+}
+
+// parseSetGet returns the reader of l's SET NX GET replies for value: nil
+// (the key was set), or the key's value, which is a grant when it has our
+// owner token (go-redis sent the command again after a lost reply) and a
+// refusal otherwise. Any other reply is a faulty node's (badReply).
+func parseSetGet(l *Lock, value string) func(*redis.Cmd) NodeResult {
 	return func(cmd *redis.Cmd) NodeResult {
 		switch v := cmd.Val().(type) {
 		case nil:
@@ -261,29 +307,8 @@ func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
 				return NodeResult{Outcome: OutcomeOK}
 			}
 			return refusal(v, 0, l.resources[0])
-		case []any:
-			switch code := intAt(v, 0); {
-			case code == 1:
-				return NodeResult{Outcome: OutcomeOK, reply: v}
-			case code == 2:
-				return NodeResult{Outcome: OutcomeGated}
-			case len(v) == 4 || len(v) == 5:
-				holder, _ := v[1].(string)
-				pttl, _ := v[2].(int64)
-				resource := l.cfg.record
-				i, _ := v[3].(int64)
-				switch {
-				case i >= 1 && int(i) <= l.n:
-					resource = l.resources[i-1]
-				case i == -1:
-					r := refusal(holder, time.Duration(pttl)*time.Millisecond, l.cfg.mark)
-					r.HolderMark = intAt(v, 4)
-					return r
-				}
-				return refusal(holder, time.Duration(pttl)*time.Millisecond, resource)
-			}
 		}
-		return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %v to the acquire script", cmd.Val())}
+		return badReply("SET NX GET", cmd.Val())
 	}
 }
 
@@ -305,6 +330,16 @@ func previousMark(rs []NodeResult) int64 {
 		}
 	}
 	return m
+}
+
+// allInts reports whether every element of v is an integer.
+func allInts(v []any) bool {
+	for _, x := range v {
+		if _, ok := x.(int64); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // refusal is the result of resource's key held by the lock value v, whose

@@ -58,9 +58,10 @@ type peer struct {
 // redis.io page: correct while that node runs, not fault tolerant.
 //
 // Give the go-redis clients ContextTimeoutEnabled: true if you can: go-redis
-// then ends a request at its round's deadline (the node timeout) instead of
-// at its ReadTimeout (3 s by default), so a frozen node holds up none of the
-// later commands for it.
+// then ends a request at its deadline (the node timeout; for a release or
+// undo, the node timeout after it went out) instead of at its ReadTimeout
+// (5 s by default in go-redis v9.23), so a frozen or unreachable node holds
+// up the later commands for it at most about the node timeout.
 //
 // A *redis.ClusterClient or *redis.Ring may stand for one node only if every
 // resource of a multi-resource lock maps to one hash slot (use hash tags):
@@ -135,7 +136,7 @@ func (cfg *config) validate(nodes int) error {
 	case cfg.gate > 0 && cfg.gate < time.Millisecond:
 		return invalidf("restart gate %v (WithRestartGating) is below the minimum 1ms (0 turns gating off)", cfg.gate)
 	case hasNUL(cfg.keyPrefix):
-		return invalidf("key prefix %q (WithKeyPrefix) contains a NUL byte", cfg.keyPrefix)
+		return invalidf("key prefix %s (WithKeyPrefix) contains a NUL byte", quoteName(cfg.keyPrefix))
 	}
 	return cfg.lock.validateDefault()
 }
@@ -311,7 +312,7 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 		return "", false, err
 	}
 	if c.closed.Load() {
-		return "", false, wrapf([]error{ErrClosed}, "holder of %q unknown: the client is closed", resource)
+		return "", false, wrapf([]error{ErrClosed}, "holder of %s unknown: the client is closed", quoteName(resource))
 	}
 	rs := c.round(ctx, roundSpec{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
 		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet, waitAll: true})
@@ -341,9 +342,14 @@ func (c *Client) Holder(ctx context.Context, resource string) (metadata string, 
 	return c.HolderMetadata(ctx, resource)
 }
 
-// parseGet reads a GET reply: OK, with the value if this package wrote it.
+// parseGet reads a GET reply: OK, with the value if this package wrote
+// it; nil (no key) is OK without a value; any other reply is a faulty
+// node's (badReply).
 func parseGet(cmd *redis.Cmd) NodeResult {
-	v, _ := cmd.Val().(string)
+	v, ok := cmd.Val().(string)
+	if !ok && cmd.Val() != nil {
+		return badReply("GET", cmd.Val())
+	}
 	if _, _, ok := splitValue(v); !ok {
 		v = ""
 	}

@@ -29,15 +29,24 @@
 // paused past Until without noticing. Redlock cannot detect a process pause
 // (GC, a stopped VM) between a check of Until and the guarded write: for
 // work where that matters, have the protected resource reject stale writers
-// (WithFencing). A lock expires on every node at most TTL after its last
-// acquire or extend (for a reentrant owner, the last of any of its holds),
-// so a holder that dies frees its resources within TTL.
+// (WithFencing). A lock expires on every node at most its longest TTL (of
+// the acquire and the extends) after its last acquire or extend (for a
+// reentrant owner, of any of its holds), so a holder that dies frees its
+// resources within that time: the nodes never lower a key's TTL, so an
+// Extend to a shorter TTL moves Until earlier but not the keys' expiry.
+// Each extension also sets the lock's keys again where they are missing
+// (not on a node within its restart gate), so a lock granted by a bare
+// quorum regains the fault tolerance of a fresh one.
 //
 // # Errors
 //
 // Failed acquisitions match ErrNotAcquired; a lock that is gone matches
 // ErrLockLost; rounds that failed because nodes were down match
-// ErrUnavailable (never because the caller's ctx ended). A *QuorumError
+// ErrUnavailable (never because the caller's ctx ended). Release returns
+// nil only when a quorum deleted the keys and no node answered that it
+// could not run the release; otherwise its error names the nodes that keep
+// the keys and how long they may stay. A reply that Redis does not send is
+// the node's error, never a grant. A *QuorumError
 // (errors.As) carries every node's outcome. Bad input matches
 // ErrInvalidArgument and is reported before any I/O.
 //

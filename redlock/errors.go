@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/schedlock/schedlock/redlock/internal/node"
 )
@@ -100,13 +101,31 @@ func quoteNames(names []string) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(strconv.Quote(n))
+		b.WriteString(quoteName(n))
 	}
 	return b.String()
 }
 
 // maxNames bounds the resource names that one error text lists.
 const maxNames = 5
+
+// maxQuoted bounds the bytes of one name that an error text quotes.
+const maxQuoted = 64
+
+// quoteName quotes a user's name (a resource, a key prefix) for an error
+// text: whole when it has at most maxQuoted bytes, else its first bytes
+// (whole characters) and its length, `"aaa..."... (1048576 bytes)`, so
+// that an error text stays short whatever the input.
+func quoteName(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", strconv.Quote(s[:cut]), len(s))
+}
 
 // attemptsText returns " after n attempts" for n > 1, else "".
 func attemptsText(n int) string {
@@ -125,7 +144,9 @@ const (
 	// key of the lock (release).
 	OutcomeOK Outcome = iota
 	// OutcomeHeld: the node answered, and a key is held by another owner
-	// (acquire) or no longer holds this lock (extend, release).
+	// (acquire) or no longer holds this lock (extend, release; an extend
+	// sets the lock's missing keys again where no other owner holds one,
+	// for later rounds, but the node still counts as not holding it).
 	OutcomeHeld
 	// OutcomeError: the node answered with an error, or the connection
 	// failed.
@@ -134,7 +155,8 @@ const (
 	// (WithNodeTimeout), or the caller's ctx ended first (then Err is
 	// ctx's cause, and the node does not count as failed).
 	OutcomeTimeout
-	// OutcomeGated: the node refused to vote because it lost its data
+	// OutcomeGated: the node refused to vote (acquire), or to set a
+	// missing key of the lock again (extend), because it lost its data
 	// recently and is within its restart gate (WithRestartGating). It
 	// counts as a failure for ErrUnavailable; it votes again once the gate
 	// has passed.
@@ -186,6 +208,7 @@ type NodeResult struct {
 	HolderMark int64
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
+	regained    bool   // extend, OutcomeHeld: the missing keys are set again
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
 	reply       []any  // the script's reply, for the layers (fencing)
 	value       string // holder round: the key's value (never leaves the package)
@@ -395,6 +418,9 @@ func describe(e *QuorumError, r NodeResult) string {
 		case "fence", "check":
 			return "has a larger fencing token from another acquisition"
 		}
+		if r.regained {
+			return "no longer held this lock (its keys are set there again)"
+		}
 		return "no longer holds this lock"
 	case OutcomeError:
 		if errors.Is(r.Err, ErrClosed) || errors.Is(r.Err, node.ErrClosed) {
@@ -431,7 +457,7 @@ func timeoutText(r NodeResult) string {
 func refusedText(e *QuorumError, r NodeResult) string {
 	var b strings.Builder
 	if r.Resource != "" && (len(e.Resources) != 1 || r.Resource != e.Resources[0]) {
-		fmt.Fprintf(&b, "%q ", r.Resource)
+		b.WriteString(quoteName(r.Resource) + " ")
 	}
 	if r.Holder != "" {
 		fmt.Fprintf(&b, "held by %q", r.Holder)

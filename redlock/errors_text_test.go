@@ -227,9 +227,13 @@ func TestLockLostTexts(t *testing.T) {
 	}
 	ms[0].FastForward(11 * time.Second)
 	checkText(t, "Extend of an expired lock", l.Extend(ctx, 10*time.Second), redlock.ErrLockLost, withAddrs(
-		`redlock: lock "a" lost: 0 of 1 node extended, quorum is 1: {0} no longer holds this lock`, addrs))
+		`redlock: lock "a" lost: 0 of 1 node extended, quorum is 1: {0} no longer held this lock (its keys are set there again)`, addrs))
 	checkText(t, "Extend of a lost lock", l.Extend(ctx, 10*time.Second), redlock.ErrLockLost,
 		`redlock: lock "a" was already lost`)
+	waitSettled(t, c)
+	if ms[0].Exists("a") {
+		t.Error(`key "a" that the losing extension set again is still there`)
+	}
 
 	// The local validity has ended. (A 20 ms TTL failed under load: its
 	// grant had to leave 10 ms of validity.)

@@ -86,13 +86,19 @@ func (l *Lock) counterKeys() []string {
 	return l.keys[off : off+l.n : off+l.n]
 }
 
-// parseCheck reads the check script's {ok, largest counter}.
+// parseCheck reads the check script's {1 or 0, largest counter}; any
+// other reply is a faulty node's (badReply).
 func parseCheck(cmd *redis.Cmd) NodeResult {
-	v, _ := cmd.Val().([]any)
-	if intAt(v, 0) == 1 {
+	v, ok := cmd.Val().([]any)
+	switch {
+	case !ok || len(v) != 2 || !allInts(v):
+		return badReply("check script", cmd.Val())
+	case intAt(v, 0) == 1:
 		return NodeResult{Outcome: OutcomeOK, reply: v}
+	case intAt(v, 0) == 0:
+		return NodeResult{Outcome: OutcomeHeld, reply: v}
 	}
-	return NodeResult{Outcome: OutcomeHeld, reply: v}
+	return badReply("check script", cmd.Val())
 }
 
 // intAt returns the integer at v[i], or 0.

@@ -60,9 +60,10 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 // Keep extends l in the background while work runs, as Do does: by its TTL
 // each time a third of the TTL (ExtendEvery, given here or at Acquire) has
 // passed since the last extension, retrying every TTL/10 while nodes fail.
-// The TTL and Until are the Lock's current ones: an Extend of yours while
-// Keep runs sets the TTL that Keep extends by, and when it moves Until
-// earlier, Keep's deadline moves with it.
+// The TTL and Until are the Lock's current ones: your last successful
+// Extend while Keep runs sets the TTL that Keep extends by, whatever the
+// interleaving (an extension of Keep's that waited behind it uses the new
+// TTL), and when it moves Until earlier, Keep's deadline moves with it.
 // The returned context, derived from ctx and carrying l (FromContext), is
 // cancelled with a cause matching ErrLockLost when the lock is lost, no
 // later than Until() - TTL/10, even while an extension still waits for
@@ -165,7 +166,8 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 	}
 }
 
-// extendKept runs one of Keep's extensions, by ttl, in its own goroutine,
+// extendKept runs one of Keep's extensions, by the Lock's TTL as it is
+// when the extension's round starts (ttl until then), in its own goroutine,
 // so that Keep's deadline (Until - TTL/10 of the Lock as it is, followed
 // while the Extend waits, e.g. behind a shortening Extend of the caller's)
 // holds even while nodes hang: the round itself is bounded by the node
@@ -173,7 +175,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 // is the extension's failure to retry, or nil.
 func (l *Lock) extendKept(ctx context.Context, stop <-chan struct{}, cancel context.CancelCauseFunc, ttl time.Duration, failed error) (done bool, err error) {
 	res := make(chan error, 1)
-	go func() { res <- l.Extend(newTrace(context.WithoutCancel(ctx)), ttl) }()
+	go func() { res <- l.extend(newTrace(context.WithoutCancel(ctx)), ttl, true) }()
 	for {
 		_, until, lttl, changed := l.watch()
 		dt := time.NewTimer(time.Until(until.Add(-lttl / 10)))

@@ -2,8 +2,10 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +47,9 @@ type Lock struct {
 	ttl     time.Duration
 	until   time.Time
 	granted time.Time
+	// expires bounds when the keys that this Lock's extend rounds may
+	// have set expire (keysExpireLocked); zero before the first Extend.
+	expires time.Time
 	changed chan struct{} // closed at the next change of state, until or ttl; nil when nobody watches
 }
 
@@ -194,11 +199,11 @@ func (c *Client) checkResources(resources []string) error {
 		case r == "":
 			return invalidf("resources[%d] is empty", i)
 		case hasNUL(r):
-			return invalidf("resource %q contains a NUL byte", r)
+			return invalidf("resource %s contains a NUL byte", quoteName(r))
 		case r == legacyGateName:
 			return invalidf("resource name %q is reserved: releases before 0.2 kept the restart gate marker under it", r)
 		case dup:
-			return invalidf("resource %q is listed twice (resources[%d] and resources[%d])", r, j, i)
+			return invalidf("resource %s is listed twice (resources[%d] and resources[%d])", quoteName(r), j, i)
 		}
 		seen[r] = i
 	}
@@ -250,7 +255,10 @@ func (l *Lock) Until() time.Time {
 	return l.until
 }
 
-// TTL returns the TTL of the last successful acquire or extend.
+// TTL returns the TTL of the last successful acquire or extend: the one
+// Until was computed from, and the one Keep extends by. The keys on the
+// nodes may live longer: Extend never lowers a key's TTL, so after an
+// Extend to a shorter TTL they keep the longer one until it runs out.
 func (l *Lock) TTL() time.Duration {
 	if l == nil {
 		return 0
@@ -321,14 +329,30 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 
 // Extend raises the TTL of every key of the lock to ttl on the nodes where
 // all of them still hold this lock (owner-checked in one script per node),
-// and on success moves Until to this round's start + ttl - drift, earlier
-// for a shorter ttl. It never lowers a key's TTL: an Extend that timed out
-// may still reach a node after a later, longer one, and must not cut it
-// short, and a reentrant owner's holds share the keys.
-// ttl is rounded down to whole milliseconds. It never creates a key, its
-// calls still queued for a node when Until passes are dropped, and it obeys
-// every limit of Acquire (the TTL's range and the restart gate). Concurrent
-// Extend and Release calls on one Lock run one after the other.
+// and on success (a quorum of such nodes) moves Until to this round's
+// start + ttl - drift, and TTL to ttl. On a node where a key of the lock
+// is missing and none is another owner's, it sets the missing keys again,
+// as Acquire would (the node lost them, or never got them: a lock granted
+// by a bare quorum), unless the node is within its restart gate
+// (WithRestartGating). Such a node does not count toward this round's
+// quorum, but does in later rounds: a held lock regains the fault
+// tolerance of a fresh one (docs/design.md, "Regaining keys"). An Extend
+// that finds the lock lost deletes the keys it set again.
+//
+// Extend cannot shorten the lock on the nodes: it never lowers a key's
+// TTL (an Extend that timed out may still reach a node after a later,
+// longer one, and must not cut it short; a reentrant owner's holds share
+// the keys). A ttl shorter than the keys' remaining TTL moves Until (and
+// the TTL that Keep extends by) earlier, while the keys keep their longer
+// TTL: a holder that dies then blocks others until that runs out, at most
+// the longest TTL of the acquire and its extends after the last of them.
+// Release frees the keys at once.
+//
+// ttl is rounded down to whole milliseconds. Its calls still queued for a
+// node when Until passes are dropped, answers after Until do not count,
+// and it obeys every limit of Acquire (the TTL's range and the restart
+// gate). Concurrent Extend and Release calls on one Lock run one after the
+// other.
 //
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
@@ -341,6 +365,13 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
 		return invalidf("Extend called on a nil *Lock")
 	}
+	return l.extend(ctx, ttl, false)
+}
+
+// extend is Extend; with current (Keep's extensions) it extends by the
+// Lock's TTL as it is once the Lock's op mutex is held instead of ttl, so
+// that an Extend of the holder's that ran meanwhile sets the TTL it uses.
+func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err error) {
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanExtend, l.resources, ttl)
 	defer func() { c.tel.endExtend(ctx, span, err) }()
@@ -353,17 +384,55 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
-	value, _, until, err := l.checkHeld(ctx)
+	value, aid, until, err := l.checkHeld(ctx)
 	if err != nil {
 		return err
 	}
+	l.mu.Lock()
+	if current {
+		ttl = l.ttl
+	}
+	start := time.Now()
+	l.expires = later(l.keysExpireLocked(), start.Add(ttl+l.nodeTimeout()))
+	l.mu.Unlock()
 	reentrant := "0"
 	if l.token != "" {
 		reentrant = "1"
 	}
-	start := time.Now()
-	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: l.ownedKeys(),
-		args: []any{value, ttl.Milliseconds(), reentrant}, parse: parseInt(1), deadline: until})
+	keys := l.ownedKeys()
+	if c.cfg.gate > 0 {
+		keys = append(slices.Clip(keys), c.gateKeys()...)
+	}
+	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: keys,
+		args: []any{value, ttl.Milliseconds(), reentrant, aid, c.cfg.gate.Milliseconds()}, parse: parseExtend, deadline: until})
+	err = l.extended(ctx, rs, start, ttl)
+	if errors.Is(err, ErrLockLost) {
+		l.dropRegained(ctx, rs, value, aid)
+	}
+	return err
+}
+
+// dropRegained deletes the keys that an extension which found the lock
+// lost set again (parseExtend), as an undo does: a cleanup queued after
+// the extension on each node, not waited for.
+func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value, aid string) {
+	skip, none := make([]bool, len(rs)), true
+	for i, r := range rs {
+		skip[i] = !r.regained
+		none = none && skip[i]
+	}
+	if none {
+		return
+	}
+	undo := l.c.releaseSpec(l, "release", value, aid, "", skip)
+	undo.async = true
+	l.c.round(ctx, undo)
+}
+
+// extended records the outcome of an extend round that started at start
+// with ttl, and returns Extend's error.
+func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, ttl time.Duration) error {
+	c := l.c
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -400,17 +469,26 @@ func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 // lock (compare-and-delete in one script per node). It returns as soon as
 // the outcome is known: a quorum deleted them, or so many nodes failed or no
 // longer held them that no quorum can (at most the node timeout); the
-// scripts for the other nodes still go out when their nodes can take them. It runs on a context detached from ctx's
-// cancellation, so it cleans up even when ctx is already cancelled. It waits
-// for an Extend of the same Lock in progress.
+// scripts for the other nodes still go out when their nodes can take them.
+// It runs on a context detached from ctx's cancellation, so it cleans up
+// even when ctx is already cancelled. It waits for an Extend of the same
+// Lock in progress.
 //
-// It returns nil when a quorum confirmed the deletion within the validity.
+// It returns nil when a quorum still held the lock and deleted its keys,
+// also after Until (an Extend to a shorter TTL leaves the keys live
+// longer), and no node answered that it could not run the release.
 // Errors: ErrInvalidArgument for a nil Lock; ErrClosed after Client.Close
 // (nothing is sent; the Lock stays as it was); ErrLockLost when the lock was
-// already released (a plain error: nothing is sent), its validity had
-// ended, or too many nodes no longer held it (its keys are deleted anyway);
-// otherwise a *QuorumError matching ErrUnavailable (nodes failed, so no
-// quorum confirmed the deletion; keys left on them expire with the TTL).
+// already released (a plain error: nothing is sent), or too many nodes no
+// longer held it, or fewer than a quorum deleted it after its validity had
+// ended or it was known lost (its keys are deleted where they remained);
+// otherwise a *QuorumError (errors.As) matching ErrUnavailable (nodes
+// failed, so no quorum confirmed the deletion), or matching no sentinel
+// when a quorum deleted the keys but some node answered an error (NOPERM,
+// say). The text of the last two names the nodes where the release did
+// not run and says how long their keys may stay: until their TTL runs out,
+// at most the longest TTL of this Lock's acquire and extends after the
+// last of them.
 func (l *Lock) Release(ctx context.Context) (err error) {
 	if l == nil {
 		return invalidf("Release called on a nil *Lock")
@@ -424,7 +502,7 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.mu.Lock()
-	prev, until, value, aid := l.state, l.until, l.value, l.aid
+	prev, until, value, aid, expires := l.state, l.until, l.value, l.aid, l.keysExpireLocked()
 	l.setStateLocked(ctx, stateReleased)
 	l.mu.Unlock()
 	if prev == stateReleased {
@@ -432,20 +510,77 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 	}
 	notice := c.wake.noticeID()
 	rs := c.round(ctx, c.releaseSpec(l, "release", value, aid, notice, nil))
-	ok := count(rs, OutcomeOK)
-	expired := !time.Now().Before(until)
-	switch {
-	case ok >= c.quorum && !expired && prev == stateHeld:
+	ok, left := count(rs, OutcomeOK), keysLeft(rs)
+	if ok >= c.quorum {
 		c.wake.released(l.keys[:l.n], notice)
+	}
+	switch {
+	case ok >= c.quorum && left == "":
 		return nil
-	case expired || prev == stateLost:
+	case ok >= c.quorum:
+		q := newQuorumError("release", l.resources, c.quorum, rs, false)
+		return wrapf([]error{q}, "%s released on a quorum but not on %s, where the release could not run: its keys stay there %s; %s",
+			lockName(l.resources), left, untilText(expires), q.body())
+	case !time.Now().Before(until) || prev == stateLost:
 		q := newQuorumError("release", l.resources, c.quorum, rs, false)
 		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the release (its keys are deleted where they remained): %s",
 			lockName(l.resources), q.body())
 	case count(rs, OutcomeHeld) > len(rs)-c.quorum:
 		return newQuorumError("release", l.resources, c.quorum, rs, false, ErrLockLost)
 	}
-	return newQuorumError("release", l.resources, c.quorum, rs, true)
+	q := newQuorumError("release", l.resources, c.quorum, rs, true)
+	return wrapf([]error{q}, "%s not released: %s; where the release did not run, its keys stay %s",
+		lockName(l.resources), q.body(), untilText(expires))
+}
+
+// keysLeft names the nodes of a release round that answered an error:
+// the release could not run there, so they keep the keys; "" for none.
+func keysLeft(rs []NodeResult) string {
+	var names []string
+	for _, r := range rs {
+		if r.Outcome == OutcomeError {
+			names = append(names, r.Addr)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// untilText says how long keys that expire at expires may stay.
+func untilText(expires time.Time) string {
+	left := time.Until(expires).Round(time.Millisecond)
+	if left <= 0 {
+		return "until their TTL runs out (it has by now)"
+	}
+	return fmt.Sprintf("until their TTL runs out, at most %v from now", left)
+}
+
+// keysExpireLocked bounds when the keys this Lock set may expire on the
+// nodes, from this process's view: the start of its last acquire or extend
+// round plus that round's TTL, or a longer earlier one (the nodes never
+// lower a TTL), plus the node timeout within which the round's command
+// went out. Keys set by other holds of a reentrant owner may live longer.
+// l.mu is held.
+func (l *Lock) keysExpireLocked() time.Time {
+	if l.until.IsZero() {
+		return l.expires
+	}
+	return later(l.expires, l.until.Add(l.c.drift(l.ttl)+l.nodeTimeout()))
+}
+
+// nodeTimeout returns the node timeout of l's rounds.
+func (l *Lock) nodeTimeout() time.Duration {
+	if l.cfg.nodeTimeout > 0 {
+		return l.cfg.nodeTimeout
+	}
+	return l.c.cfg.nodeTimeout
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // releaseSpec returns a round that runs the release script for one
@@ -467,14 +602,34 @@ func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool
 		parse: parseInt(int64(want)), skip: skip, cleanup: true}
 }
 
-// parseInt reads a script's integer reply, OK when it equals want, else
-// OutcomeHeld.
+// parseExtend reads the extend script's reply: 1 extended; 0 held by
+// another owner; 3 a key of the lock was missing and is set again: the
+// node did not hold the lock, so it counts as OutcomeHeld (regained), not
+// as a confirmation, and the keys it holds now serve later rounds; {2, ms}
+// gated. Any other reply is a faulty node's (badReply).
+func parseExtend(cmd *redis.Cmd) NodeResult {
+	switch v := cmd.Val().(type) {
+	case int64:
+		if v == 3 {
+			return NodeResult{Outcome: OutcomeHeld, regained: true}
+		}
+	case []any:
+		if len(v) == 2 && allInts(v) && v[0] == int64(2) {
+			return NodeResult{Outcome: OutcomeGated}
+		}
+	}
+	return parseInt(1)(cmd)
+}
+
+// parseInt reads the integer reply of a script that answers 0 to want:
+// OK when it equals want, OutcomeHeld below it. Any other reply, nil
+// included, is a faulty node's (badReply).
 func parseInt(want int64) func(*redis.Cmd) NodeResult {
 	return func(cmd *redis.Cmd) NodeResult {
-		v, err := cmd.Int64()
+		v, ok := cmd.Val().(int64)
 		switch {
-		case err != nil:
-			return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %v", cmd.Val())}
+		case !ok || cmd.Err() != nil || v < 0 || v > want:
+			return badReply("script", cmd.Val())
 		case v == want:
 			return NodeResult{Outcome: OutcomeOK}
 		}

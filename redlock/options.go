@@ -123,7 +123,7 @@ func WithDriftFactor(f float64) Option {
 // extend, release): a node that has not answered after d counts as
 // OutcomeTimeout (redis.io distlock spec, step 2). The round stops waiting
 // at d whatever the go-redis client's settings; go-redis itself ends the
-// request then only with ContextTimeoutEnabled, else at its ReadTimeout (3 s
+// request then only with ContextTimeoutEnabled, else at its ReadTimeout (5 s
 // by default), and until then that node's later commands wait. Default
 // DefaultNodeTimeout (100 ms); New rejects d <= 0. Given to a call
 // (Acquire, TryAcquire, Do) it sets the node timeout of that Lock's rounds

@@ -103,8 +103,8 @@ func waitNoKeys(t *testing.T, cl redlocktest.Cluster, limit time.Duration) {
 // runs when the node comes back, and Client.Wait waits for it.
 func TestReleaseReturnsOnQuorum(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
-	// A node timeout far above go-redis's 3 s read timeout: a Release
-	// that waited for the stopped node would take at least 3 s.
+	// A node timeout far above go-redis's 5 s read timeout: a Release
+	// that waited for the stopped node would take at least 5 s.
 	c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(20*time.Second))
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, []string{"r"}, time.Minute)
@@ -192,12 +192,12 @@ func TestMutualExclusionUnderContention(t *testing.T) {
 func TestStoppedMinorityIsBoundedByNodeTimeout(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	const nodeTimeout = 300 * time.Millisecond
-	// The clients keep go-redis defaults (3 s read timeout, no
+	// The clients keep go-redis defaults (5 s read timeout, no
 	// ContextTimeoutEnabled): the bound must come from redlock itself.
 	c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(nodeTimeout))
 	ctx := context.Background()
 	cl[2].Stop(t)
-	bound := nodeTimeout + 700*time.Millisecond // far below the 3 s read timeout
+	bound := nodeTimeout + 700*time.Millisecond // far below the 5 s read timeout
 
 	start := time.Now()
 	l, err := c.Acquire(ctx, []string{"r"}, 5*time.Second)

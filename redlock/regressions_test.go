@@ -339,6 +339,17 @@ func testFrozenNodeRetries(t *testing.T, notices bool) {
 	waitSettled(t, holder)
 	cl[2].Stop(t)
 	defer cl[2].Cont(t)
+	// A round that waits for node 2 until the node timeout marks it down.
+	// The waiter's rounds before the release decide at once (two nodes
+	// refuse), so without this one none would: a round that straddles the
+	// release (one node released, the other not yet) then waited the node
+	// timeout for node 2, now and then under load.
+	if _, _, err := waiter.HolderMetadata(ctx, "r"); !errors.Is(err, redlock.ErrUnavailable) && err != nil {
+		t.Fatalf("HolderMetadata with node 2 frozen: %v", err)
+	}
+	if !redlock.Down(waiter, 2) {
+		t.Fatal("node 2 is not down after a round that waited the node timeout for it")
+	}
 	got := make(chan time.Time, 1)
 	go func() {
 		wl, err := waiter.Acquire(ctx, []string{"r"}, 10*time.Second)
@@ -350,7 +361,7 @@ func testFrozenNodeRetries(t *testing.T, notices bool) {
 			_ = wl.Release(ctx)
 		}
 	}()
-	time.Sleep(nodeTimeout + 500*time.Millisecond) // the first round has waited for node 2
+	time.Sleep(500 * time.Millisecond) // the waiter's rounds go on
 	released := time.Now()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -484,7 +495,9 @@ func TestCloseWithFrozenNodeEndsWithinReadTimeout(t *testing.T) {
 	verifyNoLeaks(t)
 	const readTimeout = 2 * time.Second
 	cl := redlocktest.Start(t, 3)
-	c, err := redlock.New(readTimeoutClients(t, cl, readTimeout, true))
+	// The release waits for its reply the node timeout once sent: as long
+	// as the read timeout, so that it is still waiting when Close gives up.
+	c, err := redlock.New(readTimeoutClients(t, cl, readTimeout, true), redlock.WithNodeTimeout(readTimeout))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,10 +560,12 @@ func TestKeepFollowsAShorteningExtend(t *testing.T) {
 			ctx := context.Background()
 			work := func(kctx context.Context) error {
 				l, _ := redlock.FromContext(kctx)
-				if err := l.Extend(kctx, 200*time.Millisecond); err != nil {
+				// Shortened to 1 s (not less: Keep now really extends by
+				// it, and a loaded machine must keep it), for 3 of its TTLs.
+				if err := l.Extend(kctx, time.Second); err != nil {
 					return err
 				}
-				for end := time.Now().Add(time.Second); time.Now().Before(end) && kctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+				for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && kctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
 					l2, err := b.TryAcquire(ctx, []string{"r"}, time.Second)
 					if err != nil {
 						continue
@@ -562,15 +577,18 @@ func TestKeepFollowsAShorteningExtend(t *testing.T) {
 					_ = l2.Release(ctx)
 					return nil
 				}
+				if left := time.Until(l.Until()); kctx.Err() == nil && (left <= 0 || left > time.Second) {
+					t.Errorf("after 3 s kept at a 1 s TTL, Until is %v away, want within the 1 s TTL", left.Round(time.Millisecond))
+				}
 				return nil
 			}
 			if viaDo {
-				if err := a.Do(ctx, []string{"r"}, 3*time.Second, work); err != nil {
+				if err := a.Do(ctx, []string{"r"}, 6*time.Second, work); err != nil {
 					t.Errorf("Do = %v", err)
 				}
 				return
 			}
-			l, err := a.Acquire(ctx, []string{"r"}, 3*time.Second)
+			l, err := a.Acquire(ctx, []string{"r"}, 6*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -25,9 +25,13 @@ type roundSpec struct {
 	keys    []string      // the script's keys, or those args names
 	args    []any         // the script's arguments, or a plain command
 	// setGet, when set, goes instead of the script to the nodes that take
-	// SET NX GET (TryAcquire of a plain lock).
-	setGet []any
-	// parse reads a reply that is not an error (redis.Nil included).
+	// SET NX GET (TryAcquire of a plain lock); parseSet reads its replies.
+	setGet   []any
+	parseSet func(*redis.Cmd) NodeResult
+	// parse reads a reply that is not an error (redis.Nil included). A
+	// reply outside the command's contract (one Redis never sends, such
+	// as nil from a script that always returns a value) is OutcomeError
+	// (badReply), never a grant.
 	parse func(*redis.Cmd) NodeResult
 	// skip marks nodes not called, counted as OutcomeOK.
 	skip []bool
@@ -46,12 +50,15 @@ type roundSpec struct {
 	// its calls not sent by then (extend: never after Until).
 	deadline time.Time
 	// cleanup (release, undo): the calls ignore the caller's cancellation
-	// (they clean up also for a caller that gave up) and have no deadline
-	// of their own; each goes out when its node's sender gets to it,
-	// however late, so that it always runs after the acquire it follows on
-	// that node (which go-redis may have delayed: a new connection to dial
-	// first). A delete of our own value is harmless at any time. The round
-	// still waits at most the node timeout.
+	// (they clean up also for a caller that gave up) and are never
+	// dropped: each goes out when its node's sender gets to it, however
+	// late, so that it always runs after the acquire it follows on that
+	// node (which go-redis may have delayed: a new connection to dial
+	// first). A delete of our own value is harmless at any time. Once
+	// sent, a call waits for its reply at most the node timeout
+	// (node.Call.Wait), so a cleanup sent into a black hole holds its
+	// node's later calls no longer than an acquire does. The round still
+	// waits at most the node timeout.
 	cleanup bool
 	// async returns at once, without results (undo).
 	async bool
@@ -189,6 +196,9 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	spec := rs.spec
 	*nc = nodeCall{Call: node.Call{Script: spec.script, Keys: spec.keys, Args: rs.cmd, Reorderable: spec.cleanup,
 		Done: reply}, rs: rs, p: p, plain: plain}
+	if spec.cleanup {
+		nc.Wait = rs.nodeTimeout()
+	}
 	if plain {
 		nc.Script, nc.Args = nil, spec.setGet
 	}
@@ -210,7 +220,7 @@ func reply(c *node.Call, cmd *redis.Cmd) {
 	if nc.plain && err != nil && err != redis.Nil && redis.HasErrorPrefix(err, "syntax error") && nc.rs.resend(nc) {
 		return
 	}
-	nc.rs.answer(nc.p, nc.rs.classify(nc.p, cmd))
+	nc.rs.answer(nc.p, nc.rs.classify(nc.p, cmd, nc.plain))
 }
 
 // resend handles SET NX GET rejected by a server before 7.0: the node gets
@@ -223,12 +233,15 @@ func (rs *roundState) resend(nc *nodeCall) bool {
 	return !rs.decided && rs.send(new(nodeCall), nc.p, false) == nil
 }
 
-// classify turns p's reply into its NodeResult.
-func (rs *roundState) classify(p *peer, cmd *redis.Cmd) NodeResult {
+// classify turns p's reply into its NodeResult; plain says that the call
+// was spec.setGet.
+func (rs *roundState) classify(p *peer, cmd *redis.Cmd, plain bool) NodeResult {
 	err := cmd.Err()
 	cut := !rs.spec.cleanup && rs.ctx.Err() != nil // the caller gave up
 	var r NodeResult
 	switch {
+	case (err == nil || err == redis.Nil) && plain:
+		r = rs.spec.parseSet(cmd)
 	case err == nil || err == redis.Nil:
 		r = rs.spec.parse(cmd)
 	case errors.Is(err, node.ErrClosed): // Close gave up on the queued call: not the node's failure
@@ -365,6 +378,17 @@ func (rs *roundState) timedOut(err error) error {
 		return &noAnswerError{msg: rs.limitText(), err: err}
 	}
 	return err
+}
+
+// badReply is the result of a reply outside the contract of the command
+// (what): one that Redis does not send, so a node (or a proxy in front of
+// it) that sends it is faulty, and its answer counts for nothing.
+func badReply(what string, v any) NodeResult {
+	text := fmt.Sprintf("%#v", v)
+	if len(text) > 100 {
+		text = text[:100] + "..."
+	}
+	return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %s to the %s, which Redis does not send (a proxy in between?)", text, what)}
 }
 
 // isTimeout reports whether err says that no answer came in time.

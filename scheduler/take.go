@@ -159,7 +159,7 @@ func (l *Locker) refused(ctx context.Context, job string, c claim, holder string
 // record, and the holder's instance ID against this Locker's.
 func (l *Locker) refusedBy(ctx context.Context, job string, c claim, r redlock.NodeResult, cause error) (bool, error) {
 	instance, _, nonce, _ := splitHolder(r.Holder)
-	e := &runError{kind: errRunning, job: job, claim: c, err: cause, holder: instance}
+	e := &runError{kind: errRunning, job: job, claim: c, err: cause, holder: instance, self: nonce == l.nonce}
 	if r.Resource == l.takenKey(job) {
 		e.kind, e.taken = errTaken, time.UnixMilli(r.HolderMark).In(c.at.Location())
 		if e.taken.After(c.at) {
@@ -294,6 +294,7 @@ type runError struct {
 	holder    string    // errTaken, errRunning, errLater: the holder's instance ID
 	taken     time.Time // errTaken, errLater: the scheduled time the record holds
 	duplicate bool      // errTaken: the holder has this Locker's instance ID
+	self      bool      // the holder is this Locker
 	reason    string    // errLate
 }
 
@@ -327,6 +328,9 @@ func (e *runError) Error() string {
 		}
 		return head + " held by another instance: " + reason
 	case errRunning:
+		if e.self {
+			return head + fmt.Sprintf(" held: a run of the job is in progress on this instance (%q)", e.holder)
+		}
 		return head + fmt.Sprintf(" held by another instance: a run of the job is in progress on %q", e.holder)
 	case errLater:
 		return head + fmt.Sprintf(" skipped: too late: %q already ran the later scheduled time %s", e.holder, e.taken.Format(time.RFC3339Nano))

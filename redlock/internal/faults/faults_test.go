@@ -94,6 +94,7 @@ var catalogue = []string{
 	"majority loss for 3x TTL, then restore",
 	"holder process killed (kill -9)",
 	"holder isolated by the proxy (all links blackholed)",
+	"bare-quorum hold, then one more node cut for 2 TTLs",
 	"holder paused (SIGSTOP) past its TTL, no fencing",
 	"holder paused (SIGSTOP) past its TTL, fenced store",
 	"slow minority: +150 ms on 2 of 5 links",

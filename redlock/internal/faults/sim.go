@@ -156,7 +156,7 @@ func (c *SimCluster) close() {
 }
 
 // Clients returns a new go-redis client per node, with go-redis defaults
-// (3 s read and write timeouts), and the link of each, on which faults of
+// (5 s read and write timeouts), and the link of each, on which faults of
 // this client's connections are injected. They are closed with the
 // cluster.
 func (c *SimCluster) Clients() ([]redis.UniversalClient, []*SimLink) {

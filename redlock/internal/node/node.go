@@ -5,7 +5,8 @@
 // one each.
 //
 // Ordering: calls go out in queue order, batch by batch, and a batch is
-// sent only after the previous one was answered or its context ended.
+// sent only after the previous one was answered or its context ended (or
+// its calls' Wait passed).
 //
 // Lifecycle: Send starts the sender when none runs; a sender that has had
 // nothing to send for Idle ends. Close stops it and waits for it.
@@ -79,6 +80,13 @@ type Call struct {
 	// batch on the same keys (a compare-and-delete of the caller's own
 	// value): it is sent again after NOSCRIPT whatever follows it.
 	Reorderable bool
+	// Wait, when positive, bounds the wait for the reply from the moment
+	// the call goes out (and Ctx's deadline, if earlier, still applies),
+	// so that a call without a deadline of its own (a cleanup, sent
+	// however late its turn comes) holds the node's later calls at most
+	// that long once sent (with ContextTimeoutEnabled on the go-redis
+	// client; else its ReadTimeout applies).
+	Wait time.Duration
 	// Done receives the call and its reply, once, on the node's sender
 	// goroutine; it must not block. It may call Send.
 	Done func(c *Call, reply *redis.Cmd)
@@ -252,10 +260,14 @@ func (n *Node) send(batch []*Call) {
 	}
 }
 
-// sendOne sends c alone with its own ctx (values and all), ended also
-// when Close gives up, so that go-redis does not retry it then.
+// sendOne sends c alone with its own ctx (values and all), bounded by
+// c.Wait from now and ended also when Close gives up, so that go-redis
+// does not retry it then.
 func (n *Node) sendOne(c *Call) *redis.Cmd {
 	ctx, cancel := context.WithCancel(c.Ctx)
+	if c.Wait > 0 {
+		ctx, cancel = context.WithTimeout(c.Ctx, c.Wait)
+	}
 	defer cancel()
 	defer context.AfterFunc(n.base, cancel)()
 	cmd := n.rdb.Do(ctx, n.command(c)...)
@@ -304,10 +316,15 @@ func IsReply(err error) bool {
 
 // batchContext returns the context of a pipeline of the live calls: the
 // latest of their deadlines (none if one has none), ended also by Close.
+// A call's deadline is its Ctx's, or now + Wait if that is earlier.
 func (n *Node) batchContext(batch []*Call, live []int) (context.Context, context.CancelFunc) {
+	now := time.Now()
 	var latest time.Time
 	for _, i := range live {
 		d, ok := batch[i].Ctx.Deadline()
+		if w := batch[i].Wait; w > 0 && (!ok || now.Add(w).Before(d)) {
+			d, ok = now.Add(w), true
+		}
 		if !ok {
 			return context.WithCancel(n.base)
 		}

@@ -276,3 +276,46 @@ func TestFlushWaitsForEarlierCalls(t *testing.T) {
 		t.Error("Flush returned before the earlier call was answered")
 	}
 }
+
+// TestWaitBoundsACallFromItsSend: a call without a deadline but with Wait
+// is sent however long it queued (longer than Wait here), and once sent
+// to a frozen node it holds the node's later calls at most about Wait
+// (with ContextTimeoutEnabled), not go-redis's read timeout.
+func TestWaitBoundsACallFromItsSend(t *testing.T) {
+	n, direct, h := start(t)
+	ctx := context.Background()
+	release := busy(t, n, h)
+	queued := make(chan *redis.Cmd, 1)
+	if err := n.Send(&node.Call{Ctx: ctx, Keys: []string{"w"}, Args: []any{"set", "w", "1"}, Wait: 50 * time.Millisecond,
+		Done: func(_ *node.Call, r *redis.Cmd) { queued <- r }}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // three times its Wait in the queue
+	release()
+	if err := (<-queued).Err(); err != nil {
+		t.Errorf("call queued longer than its Wait = %v, want it sent", err)
+	}
+	if v := direct.Get(ctx, "w").Val(); v != "1" {
+		t.Errorf("w = %q, want the queued call's 1", v)
+	}
+
+	s := redlocktest.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	frozen := node.New(rdb)
+	t.Cleanup(func() { _ = frozen.Close(context.Background()) })
+	<-call(t, frozen, ctx, nil, nil, "ping") // connected
+	s.Stop(t)
+	start := time.Now()
+	stuck := make(chan *redis.Cmd, 1)
+	if err := frozen.Send(&node.Call{Ctx: ctx, Args: []any{"ping"}, Wait: 100 * time.Millisecond,
+		Done: func(_ *node.Call, r *redis.Cmd) { stuck <- r }}); err != nil {
+		t.Fatal(err)
+	}
+	err := (<-stuck).Err()
+	took := time.Since(start)
+	s.Cont(t)
+	if err == nil || took > 3*time.Second {
+		t.Errorf("call to a frozen node with Wait 100ms = %v after %v, want a timeout well before the 10s read timeout", err, took)
+	}
+}
