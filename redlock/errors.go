@@ -38,6 +38,16 @@ var (
 	// leaves the lock valid until its unchanged Until().
 	ErrUnavailable = errors.New("redlock: quorum unavailable")
 
+	// ErrGated matches, with ErrUnavailable, a round that failed while
+	// nodes were inside their restart gate (WithRestartGating): they have
+	// no gate marker, because they are new or lost their data, and vote
+	// again once the gate's maxTTL has passed. A node cannot tell the two
+	// apart. A new fleet with gating meets it for its first maxTTL, and a
+	// fleet meets it for maxTTL after a node restarted without its data:
+	// test it before ErrUnavailable, and alert only when it lasts longer
+	// than maxTTL (docs/operations.md).
+	ErrGated = errors.New("redlock: nodes inside their restart gate")
+
 	// ErrInvalidArgument matches errors about bad configuration or input,
 	// reported before any I/O: no nodes, a nil or repeated node, an option
 	// out of range, a TTL too short or above the restart gate, an empty,
@@ -259,6 +269,9 @@ func newQuorumError(op string, resources []string, quorum int, rs []NodeResult, 
 		sentinels = append(sentinels, ErrClosed)
 	case unknown || failures(rs) > len(rs)-quorum:
 		sentinels = append(sentinels, ErrUnavailable)
+		if count(rs, OutcomeGated) > 0 {
+			sentinels = append(sentinels, ErrGated)
+		}
 	}
 	nodes := slices.Clone(rs)
 	for i := range nodes {
@@ -430,7 +443,7 @@ func describe(e *QuorumError, r NodeResult) string {
 	case OutcomeTimeout:
 		return timeoutText(r)
 	case OutcomeGated:
-		return "not voting yet: it lost its data recently and waits out its restart gate (WithRestartGating)"
+		return "not voting yet: it has no restart-gate marker (a new node, or one that lost its data) and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
 		return "not waited for: the other nodes' answers had decided the outcome"
 	}

@@ -342,7 +342,7 @@ func TestQuorumErrorTexts(t *testing.T) {
 			{Node: 2, Addr: "10.0.0.3:6379", Outcome: redlock.OutcomeGated},
 			{Node: 3, Outcome: redlock.OutcomePending},
 		}}, `redlock: lock "a", "b" not extended: 0 of 4 nodes extended, quorum is 2: 10.0.0.1:6379 no longer holds this lock; ` +
-			`10.0.0.2:6379 failed: ERR boom; 10.0.0.3:6379 not voting yet: it lost its data recently and waits out its restart gate (WithRestartGating); ` +
+			`10.0.0.2:6379 failed: ERR boom; 10.0.0.3:6379 not voting yet: it has no restart-gate marker (a new node, or one that lost its data) and waits out its restart gate (WithRestartGating); ` +
 			`node 3 not waited for: the other nodes' answers had decided the outcome`},
 		{"fencing", &redlock.QuorumError{Op: "fence", Resources: []string{"a"}, Quorum: 1, Nodes: []redlock.NodeResult{
 			{Node: 0, Addr: "10.0.0.1:6379", Outcome: redlock.OutcomeHeld},

@@ -430,9 +430,9 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 	outcome := outcomeOf(err)
 	if span.IsRecording() {
 		switch outcome {
-		case tracing.OutcomeSkippedDown, "skipped", tracing.OutcomeSkippedMisconfigured:
+		case tracing.OutcomeSkippedDown, tracing.OutcomeSkippedGated, "skipped", tracing.OutcomeSkippedMisconfigured:
 			kind := tracing.ErrorTypeOther
-			if outcome == tracing.OutcomeSkippedDown {
+			if outcome == tracing.OutcomeSkippedDown || outcome == tracing.OutcomeSkippedGated {
 				kind = tracing.ErrorTypeUnavailable
 			}
 			span.SetAttributes(semconv.ErrorTypeKey.String(kind))
@@ -455,6 +455,8 @@ func outcomeOf(err error) string {
 	switch {
 	case errors.Is(err, ErrStopped):
 		return tracing.OutcomeSkippedStopped
+	case errors.Is(err, redlock.ErrGated):
+		return tracing.OutcomeSkippedGated
 	case errors.Is(err, redlock.ErrUnavailable):
 		return tracing.OutcomeSkippedDown
 	case errors.Is(err, ErrHeldElsewhere):

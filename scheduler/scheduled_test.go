@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 	"github.com/schedlock/schedlock/scheduler"
 )
@@ -469,5 +470,29 @@ func TestDifferentLocationsAreWarned(t *testing.T) {
 	}
 	if w := logs.warnings("settings_mismatch"); len(w) != 1 {
 		t.Errorf("%d settings_mismatch warnings, want 1", len(w))
+	}
+}
+
+// TestFreshGatedFleetIsToldApart: a new fleet with restart gating failed
+// every run for its first maxTTL with an error that read like an outage
+// ("lost its data recently", ErrUnavailable alone). It now also matches
+// redlock.ErrGated, counts as skipped_gated, and says the nodes may be new.
+func TestFreshGatedFleetIsToldApart(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	c, err := redlock.New(cl.Clients(t), redlock.WithRestartGating(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithLockJitter(0), scheduler.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Lock(context.Background(), "job")
+	if !errors.Is(err, redlock.ErrGated) || !errors.Is(err, redlock.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "no restart-gate marker (a new node, or one that lost its data)") {
+		t.Errorf("Lock on a new gated fleet: %v; want ErrGated and ErrUnavailable, saying the nodes may be new", err)
 	}
 }

@@ -76,8 +76,30 @@ func newCronTable(crontab string, loc *time.Location) (timetable, error) {
 	return cronTable{spec: crontab, sched: s}, nil
 }
 
-func (c cronTable) next(t time.Time) time.Time { return c.sched.Next(t) }
-func (c cronTable) String() string             { return "cron " + c.spec }
+// next is robfig's Next, except at a daylight-saving fall-back, where the
+// same wall-clock time comes twice: like gocron, it runs the first only.
+func (c cronTable) next(t time.Time) time.Time {
+	n := c.sched.Next(t)
+	if !n.IsZero() && repeated(n) {
+		return c.sched.Next(n)
+	}
+	return n
+}
+
+// repeated reports whether the wall-clock time of t came once already,
+// earlier the same day: t falls in the hour (or so) that a daylight-saving
+// fall-back repeats.
+func repeated(t time.Time) bool {
+	_, now := t.Zone()
+	_, before := t.Add(-3 * time.Hour).Zone()
+	if before <= now {
+		return false
+	}
+	e := t.Add(-time.Duration(before-now) * time.Second)
+	return e.Hour() == t.Hour() && e.Minute() == t.Minute() && e.Second() == t.Second()
+}
+
+func (c cronTable) String() string { return "cron " + c.spec }
 
 // grid is a duration job's schedule: the multiples of the interval since
 // the zero time (time.Truncate), where Scheduler.NewJob anchors it.

@@ -117,3 +117,29 @@ func TestUnsharedSchedules(t *testing.T) {
 		}
 	}
 }
+
+// TestCronSkipsTheRepeatedHourAtFallBack: at a daylight-saving fall-back
+// the same wall-clock time comes twice; gocron runs a cron job once, at
+// the first, and so does the timetable (robfig alone gives both, which
+// read as a scheduled time missed every autumn).
+func TestCronSkipsTheRepeatedHourAtFallBack(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skip("no time zone data:", err)
+	}
+	tt, err := newTimetable(gocron.CronJobSchedule{Crontab: "0 30 1 * * *"}, ny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := time.Date(2026, 11, 1, 1, 30, 0, 0, ny) // EDT, the first 01:30
+	if got := tt.next(first.Add(-time.Hour)); !got.Equal(first) {
+		t.Fatalf("next before the fall-back = %v, want %v", got, first)
+	}
+	want := time.Date(2026, 11, 2, 1, 30, 0, 0, ny)
+	if got := tt.next(first); !got.Equal(want) {
+		t.Errorf("next after the first 01:30 of the fall-back = %v, want the next day's %v", got, want)
+	}
+	if got, ok := latest(tt, want.Add(-time.Minute), time.Time{}); !ok || !got.Equal(first) {
+		t.Errorf("latest before the next day's run = %v, want the first 01:30 %v", got, first)
+	}
+}

@@ -189,6 +189,9 @@ const (
 	// when a later run of the job finds them.
 	OutcomeMissed      = "missed"
 	OutcomeSkippedDown = "skipped_redis_unavailable"
+	// OutcomeSkippedGated: Redis nodes were inside their restart gate (new,
+	// or restarted without their data): redlock.ErrGated.
+	OutcomeSkippedGated = "skipped_gated"
 	// OutcomeSkippedStopped: gocron stopped the job (Shutdown, RemoveJob,
 	// Update, StopJobs) while its lock was being taken.
 	OutcomeSkippedStopped = "skipped_stopped"
