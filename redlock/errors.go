@@ -318,6 +318,28 @@ func quorumHolder(q *QuorumError) (NodeResult, bool) {
 	return NodeResult{}, false
 }
 
+// HolderUnknown reports, for an acquire round that no holder won on a
+// quorum (HolderMetadata's ok is false), whether the nodes that failed (an
+// error, no answer, a restart gate) leave unknown whether one did: counted
+// as held by the holder that most answering nodes named, they would
+// complete a quorum. A caller that must not mistake "taken" for "free"
+// (the scheduler) treats such a round as unavailable, not as a split vote.
+func (e *QuorumError) HolderUnknown() bool {
+	failed := e.Count(OutcomeError) + e.Count(OutcomeTimeout) + e.Count(OutcomeGated)
+	votes, best := map[string]int{}, 0
+	for _, r := range e.Nodes {
+		if r.Outcome == OutcomeHeld {
+			v := r.value
+			if v == "" {
+				v = nul + r.Holder
+			}
+			votes[v]++
+			best = max(best, votes[v])
+		}
+	}
+	return e.Op == "acquire" && failed > 0 && best > 0 && best+failed >= e.Quorum
+}
+
 // Holder returns HolderMetadata().
 //
 // Deprecated: use HolderMetadata; Holder will be removed in the next

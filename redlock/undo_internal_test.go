@@ -36,3 +36,27 @@ func TestSecondUndoNeverLowersTheMark(t *testing.T) {
 		t.Errorf("mark after A's undo = %q, want 10 (left as it is, never below C's 9)", got)
 	}
 }
+
+// TestHolderUnknown: a round that no holder won on a quorum leaves the
+// holder unknown when its failed nodes, counted as the most-named
+// holder's, would complete a quorum.
+func TestHolderUnknown(t *testing.T) {
+	held := func(v string) NodeResult { return NodeResult{Outcome: OutcomeHeld, Holder: "h", value: v} }
+	for _, tc := range []struct {
+		name  string
+		nodes []NodeResult
+		want  bool
+	}{
+		{"one holder, one failed", []NodeResult{held("x"), {Outcome: OutcomeTimeout}, {Outcome: OutcomeOK}}, true},
+		{"one holder, one gated", []NodeResult{held("x"), {Outcome: OutcomeGated}, {Outcome: OutcomeOK}}, true},
+		{"split, nothing failed", []NodeResult{held("x"), held("y"), {Outcome: OutcomeOK}}, false},
+		{"two holders with one metadata, one failed of five", []NodeResult{held("x"), held("y"), {Outcome: OutcomeError},
+			{Outcome: OutcomeOK}, {Outcome: OutcomeOK}}, false},
+		{"nobody held", []NodeResult{{Outcome: OutcomeTimeout}, {Outcome: OutcomeTimeout}, {Outcome: OutcomeOK}}, false},
+	} {
+		q := &QuorumError{Op: "acquire", Quorum: len(tc.nodes)/2 + 1, Nodes: tc.nodes}
+		if got := q.HolderUnknown(); got != tc.want {
+			t.Errorf("%s: HolderUnknown = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

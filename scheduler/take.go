@@ -92,7 +92,7 @@ func (l *Locker) judge(ctx context.Context, job string, c claim, err error) (fin
 	if holder, ok := q.HolderMetadata(); ok {
 		return l.refused(ctx, job, c, holder, q)
 	}
-	if holderUnknown(q) {
+	if q.HolderUnknown() {
 		// Refused without a quorum for one holder, and the nodes that
 		// failed could complete one: whether it was taken is unknown.
 		return false, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
@@ -224,21 +224,6 @@ func (l *Locker) orphan(ctx context.Context, job string, c claim, holder string,
 // time without calling Lock, so that the skip was never reported.
 func down(q *redlock.QuorumError) bool {
 	return q.Count(redlock.OutcomeTimeout) == 0 && q.Count(redlock.OutcomeError) > 0
-}
-
-// holderUnknown reports whether q's failed nodes (an error, no answer, a
-// restart gate), counted as holding, would complete a quorum for the holder
-// that most nodes named.
-func holderUnknown(q *redlock.QuorumError) bool {
-	failed := q.Count(redlock.OutcomeError) + q.Count(redlock.OutcomeTimeout) + q.Count(redlock.OutcomeGated)
-	votes, best := map[string]int{}, 0
-	for _, r := range q.Nodes {
-		if r.Outcome == redlock.OutcomeHeld {
-			votes[r.Holder]++
-			best = max(best, votes[r.Holder])
-		}
-	}
-	return failed > 0 && best > 0 && best+failed >= q.Quorum
 }
 
 // The metadata of a run lock and a record of scheduled times is
