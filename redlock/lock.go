@@ -120,20 +120,34 @@ func checkMark(cfg *lockConfig, resources []string) error {
 	switch {
 	case cfg.mark == "" && cfg.markAt == 0 && cfg.markTTL == 0:
 		return nil
-	case cfg.mark == "":
-		return invalidf("the mark's name (WithHighWater) is empty")
-	case hasNUL(cfg.mark):
-		return invalidf("mark name %q (WithHighWater) contains a NUL byte", cfg.mark)
-	case cfg.mark == legacyGateName:
-		return invalidf("mark name %q (WithHighWater) is reserved: releases before 0.2 kept the restart gate marker under it", cfg.mark)
-	case slices.Contains(resources, cfg.mark) || cfg.mark == cfg.record:
-		return invalidf("mark name %q (WithHighWater) is also a resource or the record of the lock", cfg.mark)
-	case cfg.owner != "":
-		return invalidf("WithHighWater cannot be combined with WithOwner")
 	case cfg.markAt <= 0:
 		return invalidf("mark %d (WithHighWater) is not positive", cfg.markAt)
 	case cfg.markTTL < time.Millisecond:
 		return invalidf("mark TTL %v (WithHighWater) is below 1ms", cfg.markTTL)
+	}
+	taken := resources
+	if cfg.record != "" {
+		taken = append(slices.Clip(resources), cfg.record)
+	}
+	return checkAddedKey("WithHighWater", "mark", cfg.mark, taken, cfg.owner)
+}
+
+// checkAddedKey validates the name of a key that option adds to an
+// acquisition (a record, a mark): not empty, no NUL byte, not reserved,
+// none of taken (the lock's resources and other added keys), and no
+// reentrant owner.
+func checkAddedKey(option, what, name string, taken []string, owner string) error {
+	switch {
+	case name == "":
+		return invalidf("the %s name (%s) is empty", what, option)
+	case hasNUL(name):
+		return invalidf("%s name %s (%s) contains a NUL byte", what, quoteName(name), option)
+	case name == legacyGateName:
+		return invalidf("%s name %s (%s) is reserved: releases before 0.2 kept the restart gate marker under it", what, quoteName(name), option)
+	case slices.Contains(taken, name):
+		return invalidf("%s name %s (%s) is also a resource of the lock, or its record", what, quoteName(name), option)
+	case owner != "":
+		return invalidf("%s cannot be combined with WithOwner", option)
 	}
 	return nil
 }
@@ -150,22 +164,14 @@ func (l *Lock) PreviousMark() int64 {
 
 // checkRecord validates WithRecord's arguments.
 func (c *Client) checkRecord(cfg *lockConfig, resources []string) error {
-	switch {
-	case cfg.record == "" && cfg.recordTTL == 0:
+	if cfg.record == "" && cfg.recordTTL == 0 {
 		return nil
-	case cfg.record == "":
-		return invalidf("the record name (WithRecord) is empty")
-	case hasNUL(cfg.record):
-		return invalidf("record name %q (WithRecord) contains a NUL byte", cfg.record)
-	case cfg.record == legacyGateName:
-		return invalidf("record name %q (WithRecord) is reserved: releases before 0.2 kept the restart gate marker under it", cfg.record)
-	case slices.Contains(resources, cfg.record):
-		return invalidf("record name %q (WithRecord) is also a resource of the lock", cfg.record)
-	case cfg.owner != "":
-		return invalidf("WithRecord cannot be combined with WithOwner")
+	}
+	if err := checkAddedKey("WithRecord", "record", cfg.record, resources, cfg.owner); err != nil {
+		return err
 	}
 	if p := c.ttlProblem(cfg.recordTTL); p != "" {
-		return invalidf("record %q (WithRecord): %s", cfg.record, p)
+		return invalidf("record %s (WithRecord): %s", quoteName(cfg.record), p)
 	}
 	return nil
 }
