@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -223,4 +224,45 @@ func TestReleaseAbandonedDeletesOnlyItsMetadata(t *testing.T) {
 	if _, err := c.ReleaseAbandoned(ctx, "run", "", ""); !errors.Is(err, redlock.ErrInvalidArgument) {
 		t.Errorf("ReleaseAbandoned with no metadata: %v, want ErrInvalidArgument", err)
 	}
+}
+
+// TestReleaseLogWritesBesideTheRelease: WithReleaseLog pushes its entries
+// in the release's own script on each node, keeps the list's newest
+// entries and sets its TTL; bad arguments send nothing.
+func TestReleaseLogWritesBesideTheRelease(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	for round := range 3 {
+		l, err := c.TryAcquire(ctx, []string{"run"}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx, redlock.WithReleaseLog("log", 2, time.Minute, fmt.Sprint("a", round), fmt.Sprint("b", round))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range cl {
+		deadline := time.Now().Add(5 * time.Second)
+		for s.Client(t).LLen(ctx, "log").Val() != 2 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := s.Client(t).LRange(ctx, "log", 0, -1).Val(); len(got) != 2 || got[0] != "b2" || got[1] != "a2" {
+			t.Errorf("node %d: log %q, want the newest two entries [b2 a2]", i, got)
+		}
+		if ttl := s.Client(t).PTTL(ctx, "log").Val(); ttl <= 0 || ttl > time.Minute {
+			t.Errorf("node %d: log TTL %v, want up to 1m", i, ttl)
+		}
+		if n := s.Client(t).Exists(ctx, "run").Val(); n != 0 {
+			t.Errorf("node %d: the lock is still there", i)
+		}
+	}
+	l, err := c.TryAcquire(ctx, []string{"run"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, redlock.WithReleaseLog("log", 0, time.Minute)); !errors.Is(err, redlock.ErrInvalidArgument) {
+		t.Errorf("Release with a log of length 0: %v, want ErrInvalidArgument", err)
+	}
+	_ = l.Release(ctx)
 }

@@ -494,10 +494,21 @@ func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, t
 // say). The text of the last two names the nodes where the release did
 // not run and says how long their keys may stay: until their TTL runs out,
 // at most the longest TTL of this Lock's acquire and extends after the
-// last of them.
-func (l *Lock) Release(ctx context.Context) (err error) {
+// last of them. WithReleaseLog writes entries of the caller's beside the
+// release, in the same script.
+func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if l == nil {
 		return invalidf("Release called on a nil *Lock")
+	}
+	var log *releaseLog
+	for i, o := range opts {
+		if o == nil {
+			return invalidf("ReleaseOption %d of %d is nil", i+1, len(opts))
+		}
+		log = o.log()
+	}
+	if err := log.check(); err != nil {
+		return err
 	}
 	c := l.c
 	ctx, span := c.tel.startOp(ctx, tracing.SpanRelease, l.resources, 0)
@@ -515,7 +526,9 @@ func (l *Lock) Release(ctx context.Context) (err error) {
 		return wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
 	}
 	notice := c.wake.noticeID()
-	rs := c.round(ctx, c.releaseSpec(l, "release", value, aid, notice, nil))
+	spec := c.releaseSpec(l, "release", value, aid, notice, nil)
+	log.add(&spec, c.cfg.keyPrefix)
+	rs := c.round(ctx, spec)
 	ok, left := count(rs, OutcomeOK), keysLeft(rs)
 	if ok >= c.quorum {
 		c.wake.released(l.keys[:l.n], notice)

@@ -541,8 +541,9 @@ func (r *runLock) watch() {
 
 // Unlock implements gocron.Lock. It stops the extension, reports the
 // scheduled times that ran nowhere before this run's (WithMissedHandler),
-// writes them and the run to the run record in one script per node, and
-// releases the run lock, on a context detached from
+// and releases the run lock, writing them and the run to the run record
+// in the release's script (redlock.WithReleaseLog), on a context detached
+// from
 // ctx (gocron passes the job's ctx, already cancelled after Shutdown,
 // StopJobs, RemoveJob or Update), each bounded by the redlock node
 // timeout. The job's record of scheduled times keeps this run's scheduled
@@ -556,9 +557,9 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		lost := r.stop()
 		close(r.done)
 		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
-		entries := r.l.missed(dctx, r.job, r.claim, r.run.PreviousMark())
-		r.l.record(dctx, r.job, append(entries, r.entry(lost))...)
-		rerr := r.run.Release(dctx)
+		// The run record's entries go with the release, in its script.
+		entries := encode(r.job, append(r.l.missed(dctx, r.job, r.claim, r.run.PreviousMark()), r.entry(lost)))
+		rerr := r.run.Release(dctx, redlock.WithReleaseLog(r.l.historyKey(r.job), r.l.cfg.history, r.l.cfg.retention, entries...))
 		// Forgotten after the release: until then a Lock of the job that
 		// finds the run lock held by this instance knows it is this run.
 		r.l.mu.Lock()

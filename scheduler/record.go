@@ -79,20 +79,27 @@ return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)`)
 // the runs themselves are not affected.
 func (l *Locker) record(ctx context.Context, job string, entries ...Run) {
 	args := []any{l.cfg.history, l.cfg.retention.Milliseconds()}
+	for _, e := range encode(job, entries) {
+		args = append(args, e)
+	}
+	if _, err := l.client.Eval(ctx, appendScript, []string{l.historyKey(job)}, args...); err != nil {
+		l.log.Warn("scheduler: writing the run record failed on too many nodes", "job", job, "err", err)
+	}
+}
+
+// encode returns job's entries as the run record keeps them (JSON).
+func encode(job string, entries []Run) []string {
+	var out []string
 	for _, e := range entries {
 		e.Job = job
 		if len(e.Error) > maxErrorText {
 			e.Error = strings.ToValidUTF8(e.Error[:maxErrorText], "")
 		}
-		b, err := json.Marshal(e)
-		if err != nil {
-			continue
+		if b, err := json.Marshal(e); err == nil {
+			out = append(out, string(b))
 		}
-		args = append(args, string(b))
 	}
-	if _, err := l.client.Eval(ctx, appendScript, []string{l.historyKey(job)}, args...); err != nil {
-		l.log.Warn("scheduler: writing the run record failed on too many nodes", "job", job, "err", err)
-	}
+	return out
 }
 
 // History returns the newest n entries (at most the history length,

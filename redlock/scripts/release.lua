@@ -13,6 +13,13 @@
 local tok = string.sub(ARGV[1], 1, 32)
 local aid = ARGV[2]
 local n = #KEYS
+-- WithReleaseLog: the last key is a list; ARGV[5] its length, ARGV[6]
+-- its TTL in ms, ARGV[7..] the entries to push, oldest first.
+local list = nil
+if ARGV[5] then
+  list = KEYS[n]
+  n = n - 1
+end
 if ARGV[4] == '1' then
   local mk = KEYS[n]
   n = n - 1
@@ -49,5 +56,10 @@ for i = 1, n do
       end
     end
   end
+end
+if list then
+  for i = 7, #ARGV do redis.call('LPUSH', list, ARGV[i]) end
+  redis.call('LTRIM', list, 0, tonumber(ARGV[5]) - 1)
+  redis.call('PEXPIRE', list, ARGV[6])
 end
 return mine
