@@ -33,11 +33,14 @@ func TestHighWaterRefusesAtOrBelow(t *testing.T) {
 	for _, at := range []int64{100, 50} {
 		_, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", at, time.Minute))
 		var qerr *redlock.QuorumError
-		if !errors.As(err, &qerr) || qerr.Count(redlock.OutcomeHeld) != 3 || errors.Is(err, redlock.ErrUnavailable) {
-			t.Fatalf("acquire at %d below the mark 100: %v, want held on every node", at, err)
+		// A quorum refuses; the first acquisition's call to the third node
+		// may still be on its way (another connection), so that node may
+		// grant and undo.
+		if !errors.As(err, &qerr) || qerr.Count(redlock.OutcomeHeld) < 2 || errors.Is(err, redlock.ErrUnavailable) {
+			t.Fatalf("acquire at %d below the mark 100: %v, want held on a quorum", at, err)
 		}
 		for _, r := range qerr.Nodes {
-			if r.Resource != "mark" || r.Holder != "a" || r.HolderMark != 100 || r.HolderTTL <= 0 {
+			if r.Outcome == redlock.OutcomeHeld && (r.Resource != "mark" || r.Holder != "a" || r.HolderMark != 100 || r.HolderTTL <= 0) {
 				t.Errorf("at %d, node %d: refused by %q (holder %q, mark %d, TTL %v), want the mark 100 of a with a TTL",
 					at, r.Node, r.Resource, r.Holder, r.HolderMark, r.HolderTTL)
 			}
@@ -57,10 +60,17 @@ func TestHighWaterRefusesAtOrBelow(t *testing.T) {
 	if !errors.As(err, &qerr) || qerr.Nodes[0].Resource != "run" {
 		t.Fatalf("acquire of a held lock with a higher mark: %v, want refused by the lock key", err)
 	}
+	at101 := 0
 	for i, s := range cl {
-		if m := s.Client(t).HGet(ctx, "mark", "m").Val(); m != "101" {
-			t.Errorf("node %d: mark %q after a refused raise, want 101", i, m)
+		switch m := s.Client(t).HGet(ctx, "mark", "m").Val(); m {
+		case "101":
+			at101++
+		case "200":
+			t.Errorf("node %d: mark 200 after a refused raise", i)
 		}
+	}
+	if at101 < 2 {
+		t.Errorf("the mark is 101 on %d nodes after a refused raise, want a quorum", at101)
 	}
 	_ = l.Release(ctx)
 }

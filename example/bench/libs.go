@@ -170,7 +170,7 @@ func (o *ours) acquire(ctx context.Context, k *key, wait bool) (release, error) 
 	if err != nil {
 		return nil, err
 	}
-	return l.Release, nil
+	return func(ctx context.Context) error { return l.Release(ctx) }, nil
 }
 
 func (o *ours) commands() int64 { return o.cnt.n.Load() }
