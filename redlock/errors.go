@@ -24,8 +24,8 @@ var (
 
 	// ErrLockLost matches Extend and Release of a lock that is no longer
 	// held: its validity (Lock.Until) has passed, too many nodes report that
-	// the key no longer holds this lock for a quorum to remain, or the lock
-	// was already released. It is also the cause of the context that Do
+	// the key no longer holds this lock for a quorum to remain, or (Extend)
+	// the lock was already released. It is also the cause of the context that Do
 	// and Keep cancel when the lock is lost.
 	ErrLockLost = errors.New("redlock: lock lost")
 

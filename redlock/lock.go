@@ -482,11 +482,13 @@ func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, t
 //
 // It returns nil when a quorum still held the lock and deleted its keys,
 // also after Until (an Extend to a shorter TTL leaves the keys live
-// longer), and no node answered that it could not run the release.
+// longer), and no node answered that it could not run the release. A
+// Release of a Lock already released does nothing and returns nil, so that
+// defer l.Release(ctx) may follow an explicit Release (its error came
+// from the first call).
 // Errors: ErrInvalidArgument for a nil Lock; ErrClosed after Client.Close
-// (nothing is sent; the Lock stays as it was); ErrLockLost when the lock was
-// already released (a plain error: nothing is sent), or too many nodes no
-// longer held it, or fewer than a quorum deleted it after its validity had
+// (nothing is sent; the Lock stays as it was); ErrLockLost when too many
+// nodes no longer held it, or fewer than a quorum deleted it after its validity had
 // ended or it was known lost (its keys are deleted where they remained);
 // otherwise a *QuorumError (errors.As) matching ErrUnavailable (nodes
 // failed, so no quorum confirmed the deletion), or matching no sentinel
@@ -523,7 +525,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	l.setStateLocked(ctx, stateReleased)
 	l.mu.Unlock()
 	if prev == stateReleased {
-		return wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
+		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
 	notice := c.wake.noticeID()
 	spec := c.releaseSpec(l, "release", value, aid, notice, nil)

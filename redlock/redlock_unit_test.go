@@ -141,8 +141,10 @@ func TestReleaseTwice(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("first Release = %v, want nil", err)
 	}
-	if err := l.Release(ctx); !errors.Is(err, redlock.ErrLockLost) {
-		t.Errorf("second Release = %v, want ErrLockLost", err)
+	// defer l.Release(ctx) after an explicit Release: a no-op, never
+	// ErrLockLost, which the docs say to alert on.
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("second Release = %v, want nil", err)
 	}
 	if err := l.Extend(ctx, time.Second); !errors.Is(err, redlock.ErrLockLost) {
 		t.Errorf("Extend after Release = %v, want ErrLockLost", err)
