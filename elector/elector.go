@@ -117,8 +117,10 @@ func WithRetryPeriod(d time.Duration) Option {
 // DefaultKeyPrefix; "" is allowed.
 func WithKeyPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithLogger sets the logger for leadership changes and failed renewals.
-// Default: discard; nil means discard.
+// WithLogger sets the logger for leadership changes (Info), failed
+// campaigns and lost leaderships (Warn). Default, and for nil:
+// slog.Default() at the time of New; pass slog.New(slog.DiscardHandler) to
+// drop everything.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // OnStartedLeading sets a function run in its own goroutine each time this
@@ -191,7 +193,7 @@ func New(client *redlock.Client, name string, opts ...Option) (*Elector, error) 
 	}
 	log := cfg.logger
 	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+		log = slog.Default()
 	}
 	e := &Elector{client: client, name: name, res: cfg.prefix + name, cfg: cfg, log: log}
 	tp, mp := cfg.tracer, cfg.meter
@@ -375,15 +377,19 @@ func (e *Elector) Run(ctx context.Context) error {
 			}
 		}
 		span.SetAttributes(tracing.Outcome.String(campaignOutcome(err)))
-		if errors.Is(err, redlock.ErrUnavailable) {
+		switch {
+		case errors.Is(err, redlock.ErrUnavailable):
 			span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeUnavailable))
+			span.SetStatus(codes.Error, err.Error())
+		case errors.Is(err, redlock.ErrMisconfigured):
+			span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeMisconfigured))
 			span.SetStatus(codes.Error, err.Error())
 		}
 		span.End()
 		if errors.Is(err, redlock.ErrClosed) {
 			return &textError{msg: fmt.Sprintf("elector: campaign for %q stopped: the redlock client is closed", e.name), errs: []error{err}}
 		}
-		if ctx.Err() == nil && !errors.Is(err, redlock.ErrNotAcquired) {
+		if ctx.Err() == nil && (!errors.Is(err, redlock.ErrNotAcquired) || errors.Is(err, redlock.ErrMisconfigured)) {
 			e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
 		}
 		wait := e.cfg.retry + rand.N(e.cfg.retry/10+1)
@@ -402,6 +408,8 @@ func campaignOutcome(err error) string {
 	switch {
 	case errors.Is(err, redlock.ErrUnavailable):
 		return tracing.OutcomeUnavailable
+	case errors.Is(err, redlock.ErrMisconfigured):
+		return tracing.OutcomeMisconfigured
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return tracing.OutcomeCanceled
 	}

@@ -3,7 +3,9 @@ package elector_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,4 +110,63 @@ func TestLeaderUnknownText(t *testing.T) {
 	checkText(t, "Leader with 2 of 3 nodes down", err, redlock.ErrUnavailable,
 		`elector: leader of "x" unknown: 1 of 3 nodes answered, quorum is 2, too many nodes failed: `+
 			addrs[0]+` answered; `+addrs[1]+` no answer within the 100ms node timeout; `+addrs[2]+` no answer within the 100ms node timeout`)
+}
+
+// TestMisconfiguredCampaignIsLogged: a campaign refused by nodes that an
+// operator must fix (a password the clients do not send) is logged with
+// the cause, where a campaign lost to another leader is not.
+func TestMisconfiguredCampaignIsLogged(t *testing.T) {
+	var nodes []redis.UniversalClient
+	for i := range 3 {
+		m := miniredis.RunT(t)
+		if i > 0 {
+			m.RequireAuth("secret")
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		nodes = append(nodes, rdb)
+	}
+	client, err := redlock.New(nodes, redlock.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close(context.Background()) })
+	logs := &logBuffer{}
+	e, err := elector.New(client, "x", elector.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
+		elector.WithRetryPeriod(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "campaign failed") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); !strings.Contains(got, "campaign failed") || !strings.Contains(got, "NOAUTH") {
+		t.Errorf("log does not report the misconfigured campaign with its cause:\n%s", got)
+	}
+}
+
+// logBuffer is a log's output, safe for concurrent use.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -25,7 +25,9 @@ import (
 //
 // Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
 // matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
-// ErrUnavailable when too many nodes failed, ctx's cause when ctx ended, and
+// ErrUnavailable when too many nodes failed (ErrMisconfigured when they
+// answered with an error an operator must fix), ctx's cause when ctx
+// ended, and
 // ErrClosed (with no *QuorumError before any round) once the Client is
 // closed.
 // Safe for concurrent use. (redis.io distlock spec, steps 1-5.)
@@ -84,7 +86,8 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 // that its undo goes only to nodes that may have granted, and none when
 // every node refused. Errors: ErrInvalidArgument for bad input (no I/O
 // then); a *QuorumError (matching ErrNotAcquired, and ErrUnavailable when
-// too many nodes failed); or, when ctx ended, an error matching
+// too many nodes failed, ErrMisconfigured when they answered with an error
+// an operator must fix); or, when ctx ended, an error matching
 // ErrNotAcquired and ctx's cause.
 func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...LockOption) (l *Lock, err error) {
 	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)

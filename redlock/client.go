@@ -49,6 +49,8 @@ type peer struct {
 	// noSetGet is set once the node rejected SET NX GET (Redis before
 	// 7.0): it gets the acquire script instead (acquire.go).
 	noSetGet atomic.Bool
+	// health is what is known of the node's failures (diagnose.go).
+	health health
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -70,7 +72,14 @@ type peer struct {
 // Options given as LockOption set the default of every call. New errors
 // (matching ErrInvalidArgument, naming the bad value) on no nodes, a nil
 // node, the same client or address twice, and options out of range; it
-// performs no I/O.
+// performs no I/O. It warns on the logger (WithLogger) about node sets
+// that work but tolerate fewer failures than their size suggests: 2 nodes
+// (no node may fail), an even count, two names of one local server.
+//
+// New adds a go-redis hook (redis.Hook, DialHook only) to each node's
+// client that records the node's last failure to connect, so that errors
+// and logs name it ("connection refused", "no such host"): go-redis
+// retries a failed dial until the deadline and reports only the deadline.
 func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	cfg := config{
 		driftFactor:      DefaultDriftFactor,
@@ -90,7 +99,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	}
 	log := cfg.logger
 	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+		log = slog.Default()
 	}
 	tel, err := newTelemetry(cfg)
 	if err != nil {
@@ -110,9 +119,12 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("nodes[%d] and nodes[%d] are the same client: each must be a separate Redis server", j, i)
 		}
 		seen[id] = i
-		c.peers = append(c.peers, &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)})
+		p := &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)}
+		rdb.AddHook(dialWatch{p})
+		c.peers = append(c.peers, p)
 	}
 	c.wake = newWaker(c)
+	c.warnLayout()
 	return c, nil
 }
 
@@ -259,7 +271,11 @@ func (c *Client) ttlProblem(ttl time.Duration) string {
 	ms := ttl.Truncate(time.Millisecond)
 	switch {
 	case ttl < time.Millisecond:
-		return fmt.Sprintf("TTL %v is below the minimum 1ms", ttl)
+		least, ok := c.shortestTTL()
+		if !ok {
+			least = time.Millisecond
+		}
+		return fmt.Sprintf("TTL %v is below the minimum %v", ttl, least)
 	case c.tooShort(ms):
 		msg := fmt.Sprintf("TTL %v is too short: after the clock drift allowance of %v, less than the minimum validity (%g%% of the TTL, WithMinValidity) would remain",
 			ttl, c.drift(ttl), c.cfg.minValidity*100)

@@ -33,10 +33,25 @@ var (
 	// error, no answer within the node timeout, or a restart gate) that
 	// the outcome on a quorum is unknown: "Redis is down" rather than
 	// "someone else holds the lock". Calls that the caller's own ctx cut
-	// short are not failures of their nodes. A failed acquisition can match
-	// both ErrNotAcquired and ErrUnavailable. An Extend that fails this way
-	// leaves the lock valid until its unchanged Until().
+	// short are not failures of their nodes, and nodes that answered that
+	// they are misconfigured count for ErrMisconfigured instead: a round
+	// that failed only through those does not match ErrUnavailable. A
+	// failed acquisition can match both ErrNotAcquired and
+	// ErrUnavailable. An Extend that fails this way leaves the lock valid
+	// until its unchanged Until().
 	ErrUnavailable = errors.New("redlock: quorum unavailable")
+
+	// ErrMisconfigured matches a round that failed because nodes answered
+	// with an error an operator must fix on the node or in its go-redis
+	// client, not an outage: authentication (WRONGPASS, NOAUTH), ACL
+	// permissions (NOPERM), a Redis Cluster node given keys of several
+	// slots or of another node's slot (CROSSSLOT, MOVED, ASK), a read-only
+	// replica (READONLY), memory full under maxmemory-policy noeviction
+	// (OOM), failing snapshots (MISCONF), a disabled command. It matches
+	// with ErrUnavailable when other nodes failed too. The node's own
+	// NodeResult.Err matches it as well, and its text says what to fix.
+	// A node that keeps answering so is also logged (WithLogger).
+	ErrMisconfigured = errors.New("redlock: nodes misconfigured")
 
 	// ErrGated matches, with ErrUnavailable, a round that failed while
 	// nodes were inside their restart gate (WithRestartGating): they have
@@ -158,7 +173,8 @@ const (
 	// sets the lock's missing keys again where no other owner holds one,
 	// for later rounds, but the node still counts as not holding it).
 	OutcomeHeld
-	// OutcomeError: the node answered with an error, or the connection
+	// OutcomeError: the node answered with an error (Err matches
+	// ErrMisconfigured when an operator must fix it), or the connection
 	// failed.
 	OutcomeError
 	// OutcomeTimeout: the node did not answer within the node timeout
@@ -197,7 +213,11 @@ type NodeResult struct {
 	Addr string
 	// Outcome is what the node answered.
 	Outcome Outcome
-	// Err is the node's error for OutcomeError and OutcomeTimeout, else nil.
+	// Err is the node's error for OutcomeError and OutcomeTimeout, else
+	// nil. Its text names the cause when it is known: the node's answer
+	// and what to fix (matching ErrMisconfigured), or, for a missing
+	// answer, the last failure to connect ("cannot connect: ...
+	// connection refused") or the node's last failure.
 	Err error
 	// Latency is the time from the round's start to the node's answer; for
 	// OutcomeTimeout and OutcomePending, the time the round waited.
@@ -268,7 +288,13 @@ func newQuorumError(op string, resources []string, quorum int, rs []NodeResult, 
 	case closed: // Close refused the calls: not the nodes' failure
 		sentinels = append(sentinels, ErrClosed)
 	case unknown || failures(rs) > len(rs)-quorum:
-		sentinels = append(sentinels, ErrUnavailable)
+		mis := misconfigs(rs)
+		if mis > 0 {
+			sentinels = append(sentinels, ErrMisconfigured)
+		}
+		if failures(rs) > mis || mis == 0 {
+			sentinels = append(sentinels, ErrUnavailable)
+		}
 		if count(rs, OutcomeGated) > 0 {
 			sentinels = append(sentinels, ErrGated)
 		}
@@ -399,8 +425,12 @@ func (e *QuorumError) body() string {
 	switch {
 	case slices.Contains(e.sentinels, ErrClosed):
 		b.WriteString(", the client was closed")
+	case slices.Contains(e.sentinels, ErrUnavailable) && slices.Contains(e.sentinels, ErrMisconfigured):
+		b.WriteString(", too many nodes failed, some of them misconfigured")
 	case slices.Contains(e.sentinels, ErrUnavailable):
 		b.WriteString(", too many nodes failed")
+	case slices.Contains(e.sentinels, ErrMisconfigured):
+		b.WriteString(", too many nodes are misconfigured")
 	}
 	if e.weak {
 		if e.validity > 0 {
@@ -513,6 +543,18 @@ func count(rs []NodeResult, o Outcome) int {
 	n := 0
 	for _, r := range rs {
 		if r.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// misconfigs returns the number of failures that are answers an operator
+// must fix (ErrMisconfigured).
+func misconfigs(rs []NodeResult) int {
+	n := 0
+	for _, r := range rs {
+		if r.failed() && errors.Is(r.Err, ErrMisconfigured) {
 			n++
 		}
 	}

@@ -75,7 +75,8 @@ func TestInvalidArgumentTexts(t *testing.T) {
 		opts      []redlock.LockOption
 		want      string
 	}{
-		{"zero TTL", []string{"a"}, 0, nil, "redlock: invalid argument: TTL 0s is below the minimum 1ms"},
+		{"zero TTL", []string{"a"}, 0, nil, "redlock: invalid argument: TTL 0s is below the minimum 5ms"},
+		{"nanosecond TTL", []string{"a"}, time.Nanosecond, nil, "redlock: invalid argument: TTL 1ns is below the minimum 5ms"},
 		{"TTL below drift", []string{"a"}, 3 * time.Millisecond, nil,
 			"redlock: invalid argument: TTL 3ms is too short: after the clock drift allowance of 2.03ms, " +
 				"less than the minimum validity (50% of the TTL, WithMinValidity) would remain; use at least 5ms"},
@@ -97,7 +98,7 @@ func TestInvalidArgumentTexts(t *testing.T) {
 		{"record and owner", []string{"a"}, time.Second, []redlock.LockOption{redlock.WithRecord("r", time.Second), redlock.WithOwner("o")},
 			"redlock: invalid argument: WithRecord cannot be combined with WithOwner"},
 		{"record TTL", []string{"a"}, time.Second, []redlock.LockOption{redlock.WithRecord("r", 0)},
-			`redlock: invalid argument: record "r" (WithRecord): TTL 0s is below the minimum 1ms`},
+			`redlock: invalid argument: record "r" (WithRecord): TTL 0s is below the minimum 5ms`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -231,6 +232,10 @@ func TestLockLostTexts(t *testing.T) {
 	checkText(t, "Extend of a lost lock", l.Extend(ctx, 10*time.Second), redlock.ErrLockLost,
 		`redlock: lock "a" was already lost`)
 	waitSettled(t, c)
+	// Its validity has not ended: the release says what happened before.
+	checkText(t, "Release after a failed Extend", l.Release(ctx), redlock.ErrLockLost, withAddrs(
+		`redlock: lock "a" was already lost: an earlier Extend found it no longer held (its keys are deleted where they remained): `+
+			`0 of 1 node released, quorum is 1: {0} no longer holds this lock`, addrs))
 	if ms[0].Exists("a") {
 		t.Error(`key "a" that the losing extension set again is still there`)
 	}

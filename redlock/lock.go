@@ -364,7 +364,8 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
 // or too many nodes no longer hold it; ctx's cause (with the round's
 // *QuorumError) when ctx ended first; otherwise a *QuorumError matching
-// ErrUnavailable (nodes failed, so no quorum confirmed the extension). In
+// ErrUnavailable (nodes failed, so no quorum confirmed the extension) or
+// ErrMisconfigured (nodes answered with an error an operator must fix). In
 // the last two cases the lock stays valid until its unchanged Until.
 // Bounded by the node timeout; ctx can end it sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
@@ -491,7 +492,9 @@ func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, t
 // nodes no longer held it, or fewer than a quorum deleted it after its validity had
 // ended or it was known lost (its keys are deleted where they remained);
 // otherwise a *QuorumError (errors.As) matching ErrUnavailable (nodes
-// failed, so no quorum confirmed the deletion), or matching no sentinel
+// failed, so no quorum confirmed the deletion; ErrMisconfigured instead, or
+// too, when nodes answered with an error an operator must fix), or
+// matching no sentinel
 // when a quorum deleted the keys but some node answered an error (NOPERM,
 // say). The text of the last two names the nodes where the release did
 // not run and says how long their keys may stay: until their TTL runs out,
@@ -542,6 +545,10 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 		q := newQuorumError("release", l.resources, c.quorum, rs, false)
 		return wrapf([]error{q}, "%s released on a quorum but not on %s, where the release could not run: its keys stay there %s; %s",
 			lockName(l.resources), left, untilText(expires), q.body())
+	case prev == stateLost && time.Now().Before(until):
+		q := newQuorumError("release", l.resources, c.quorum, rs, false)
+		return wrapf([]error{ErrLockLost, q}, "%s was already lost: an earlier Extend found it no longer held (its keys are deleted where they remained): %s",
+			lockName(l.resources), q.body())
 	case !time.Now().Before(until) || prev == stateLost:
 		q := newQuorumError("release", l.resources, c.quorum, rs, false)
 		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the release (its keys are deleted where they remained): %s",

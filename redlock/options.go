@@ -155,9 +155,14 @@ func WithKeyPrefix(p string) Option {
 	return clientOption(func(c *config) { c.keyPrefix = p })
 }
 
-// WithLogger sets the logger for background events (failed release-notice
-// subscriptions, lost locks in Do and Keep). Default: discard; nil means
-// discard. Lock values are never logged.
+// WithLogger sets the logger for what happens outside a call's error: a
+// node that starts failing, with its cause, while the quorum still works
+// (Warn; Error when the node is misconfigured) and recovers (Info), lost
+// locks in Do and Keep (Warn), node sets that tolerate fewer failures than
+// their size suggests (Warn, at New), retried extensions and release-notice
+// subscriptions (Debug). Default, and for nil: slog.Default() at the time
+// of New; pass slog.New(slog.DiscardHandler) to drop everything. Lock
+// values are never logged.
 func WithLogger(l *slog.Logger) Option {
 	return clientOption(func(c *config) { c.logger = l })
 }

@@ -252,14 +252,20 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd, plain bool) NodeResult {
 		r = NodeResult{Outcome: OutcomeTimeout, Err: rs.timedOut(err)}
 		if rs.waitedNodeTimeout() {
 			p.down.Store(true)
+			if na, ok := r.Err.(*noAnswerError); ok {
+				r.Err = explain(p, na)
+			}
 		}
 	default:
-		r = NodeResult{Outcome: OutcomeError, Err: err}
+		r = NodeResult{Outcome: OutcomeError, Err: nodeError(err)}
 	}
 	if err == nil || node.IsReply(err) {
 		p.down.Store(false) // the node answered
 	}
 	r.Node, r.Addr, r.Latency = p.idx, p.addr, time.Since(rs.start)
+	if !r.canceled && (r.Outcome != OutcomeTimeout || rs.waitedNodeTimeout()) {
+		rs.c.observe(p, r) // what the node did, for its failure's log lines
+	}
 	return r
 }
 
@@ -329,11 +335,14 @@ func (rs *roundState) finish() []NodeResult {
 		switch {
 		case r.Outcome >= 0:
 		case rs.counted != nil && rs.counted[i] && !cut:
-			r.Outcome, r.Err, r.Latency = OutcomeTimeout, errDown, time.Since(rs.start)
+			r.Outcome, r.Err, r.Latency = OutcomeTimeout, explain(rs.c.peers[i], errDown), time.Since(rs.start)
 		default:
 			r.Outcome, r.Err, r.Latency, r.canceled = missing, cause, time.Since(rs.start), cut
 			if missing == OutcomeTimeout && !cut && rs.waitedNodeTimeout() {
-				rs.c.peers[i].down.Store(true)
+				p := rs.c.peers[i]
+				p.down.Store(true)
+				r.Err = explain(p, cause.(*noAnswerError))
+				rs.c.observe(p, *r)
 			}
 		}
 	}

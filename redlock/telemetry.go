@@ -168,6 +168,8 @@ func classifyErr(err error) (outcome, errType string) {
 		return tracing.OutcomeCanceled, ""
 	case errors.Is(err, ErrUnavailable):
 		return tracing.OutcomeUnavailable, tracing.ErrorTypeUnavailable
+	case errors.Is(err, ErrMisconfigured):
+		return tracing.OutcomeMisconfigured, tracing.ErrorTypeMisconfigured
 	case errors.Is(err, ErrLockLost):
 		return tracing.OutcomeLost, tracing.ErrorTypeLockLost
 	case weakGrant(err):

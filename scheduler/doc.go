@@ -23,8 +23,8 @@
 // Instances other than the one that runs a scheduled time skip it: gocron's
 // AfterLockError listener gets ErrHeldElsewhere (normal), ErrStopped
 // (shutdown: normal), ErrLate (a run that came too late: recorded) or an
-// error worth an alert (redlock.ErrUnavailable, ErrDuplicateInstance,
-// ErrUnstableName). Scheduler.History reads the run record.
+// error worth an alert (redlock.ErrUnavailable, redlock.ErrMisconfigured,
+// ErrDuplicateInstance, ErrUnstableName). Scheduler.History reads the run record.
 //
 // Two ways in:
 //
@@ -64,7 +64,10 @@
 // A busy job is a skip, not a wait: Lock returns ErrHeldElsewhere at once.
 // When Redis nodes fail, Lock returns an error matching
 // redlock.ErrUnavailable (with the *redlock.QuorumError), so an
-// AfterLockError listener can tell the two apart; a Lock cut short because
+// AfterLockError listener can tell the two apart; nodes that answered
+// with an error an operator must fix (a wrong password, an ACL, a cluster
+// or replica node) give redlock.ErrMisconfigured instead, at once, without
+// retrying; a Lock cut short because
 // gocron stopped the job (Shutdown, RemoveJob, Update) returns ErrStopped.
 // Misconfigurations are errors too: ErrUnstableName for a job without a
 // stable name, ErrDuplicateInstance when two live instances share an

@@ -228,3 +228,42 @@ func TestUnavailableText(t *testing.T) {
 		t.Errorf("Lock error %q repeats redlock's package prefix", err)
 	}
 }
+
+// TestMisconfiguredText: nodes that answer with an error an operator must
+// fix (here a password the go-redis clients do not send) skip the run with
+// redlock.ErrMisconfigured, not ErrUnavailable, and the text names the
+// fix.
+func TestMisconfiguredText(t *testing.T) {
+	c, ms := miniClient(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, _ := twoLockers(t, c, clock)
+	for _, m := range ms[:2] {
+		m.RequireAuth("secret")
+	}
+	_, err := a.Lock(context.Background(), "report")
+	if !errors.Is(err, redlock.ErrMisconfigured) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("Lock with 2 of 3 nodes refusing the client's password = %v, want ErrMisconfigured, not ErrUnavailable", err)
+	}
+	for _, want := range []string{`scheduler: job "report" scheduled time 2026-01-01T12:00:00Z skipped: Redis nodes misconfigured: `,
+		"NOAUTH", "set Password"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Lock error %q does not contain %q", err, want)
+		}
+	}
+}
+
+// TestHoldersAreNamedByInstance: a redlock error quoted in a Lock's error
+// names the instances that hold the job, not their run locks' metadata.
+func TestHoldersAreNamedByInstance(t *testing.T) {
+	q := &redlock.QuorumError{Op: "acquire", Resources: []string{"schedlock:job:report"}, Quorum: 2, Nodes: []redlock.NodeResult{
+		{Node: 0, Addr: "10.0.0.1:6379", Outcome: redlock.OutcomeHeld, Holder: "app/vm-514-915e@1796180510000/b324c077/2750", HolderTTL: 2686 * time.Millisecond},
+		{Node: 1, Addr: "10.0.0.2:6379", Outcome: redlock.OutcomeHeld, Holder: "vm-2@1796180510001/aa/2750", HolderTTL: time.Second},
+		{Node: 2, Addr: "10.0.0.3:6379", Outcome: redlock.OutcomeOK},
+	}}
+	got := scheduler.RedlockText(q)
+	want := `lock "schedlock:job:report" not acquired: 1 of 3 nodes granted, quorum is 2: ` +
+		`10.0.0.1:6379 held by instance "app/vm-514-915e" for another 2.686s; 10.0.0.2:6379 held by instance "vm-2" for another 1s; 10.0.0.3:6379 granted (released again)`
+	if got != want {
+		t.Errorf("text\n%s\nwant\n%s", got, want)
+	}
+}

@@ -7,3 +7,6 @@ func IndexedNames(s *Scheduler) int {
 	defer s.mu.Unlock()
 	return len(s.names)
 }
+
+// RedlockText is redlockText (for the tests of package scheduler_test).
+var RedlockText = redlockText

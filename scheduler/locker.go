@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -100,7 +101,7 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 	cfg.setDefaults()
 	log := cfg.logger
 	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+		log = slog.Default()
 	}
 	tp, mp := cfg.tracer, cfg.meter
 	if tp == nil {
@@ -211,7 +212,26 @@ func (e *textError) Unwrap() []error { return e.errs }
 
 // redlockText returns the text of a redlock error without its package
 // prefix, to be quoted in the text of an error that wraps it.
-func redlockText(err error) string { return strings.TrimPrefix(err.Error(), "redlock: ") }
+//
+// The holders that refused a round are named by instance ID, `instance
+// "vm-7"`, not by the metadata of their run lock (splitHolder), which
+// encodes a clock reading and a nonce for the Locker's own checks.
+func redlockText(err error) string {
+	text := strings.TrimPrefix(err.Error(), "redlock: ")
+	var q *redlock.QuorumError
+	if !errors.As(err, &q) {
+		return text
+	}
+	for _, r := range q.Nodes {
+		if r.Holder == "" {
+			continue
+		}
+		if id, at, _, _ := splitHolder(r.Holder); !at.IsZero() {
+			text = strings.ReplaceAll(text, strconv.Quote(r.Holder), "instance "+strconv.Quote(id))
+		}
+	}
+	return text
+}
 
 // rejectedTTL returns the error of a TTL that the Client rejected with err:
 // it reads "scheduler: invalid argument: <what>: <why>" and wraps err.
@@ -282,7 +302,9 @@ func (l *Locker) Follow(s gocron.Scheduler) {
 // Locker's instance ID); ErrLate (above; also when a later scheduled time
 // was taken); an error matching redlock.ErrUnavailable (with the redlock
 // *QuorumError) when too many Redis nodes still failed at the lock
-// timeout; ErrStopped, with ctx's cause, when ctx ended (gocron stopped
+// timeout; an error matching redlock.ErrMisconfigured, at once, when too
+// many nodes answered with an error an operator must fix (its text names
+// the nodes and the fix); ErrStopped, with ctx's cause, when ctx ended (gocron stopped
 // the job), never ErrUnavailable then; ErrUnstableName, for every run, for
 // an empty name or gocron's default name of an unnamed function, and
 // redlock.ErrInvalidArgument for a name with a NUL byte.
@@ -459,6 +481,8 @@ func outcomeOf(err error) string {
 		return tracing.OutcomeSkippedGated
 	case errors.Is(err, redlock.ErrUnavailable):
 		return tracing.OutcomeSkippedDown
+	case errors.Is(err, redlock.ErrMisconfigured):
+		return tracing.OutcomeSkippedMisconfigured
 	case errors.Is(err, ErrHeldElsewhere):
 		return tracing.OutcomeSkippedHeld
 	case errors.Is(err, ErrLate):

@@ -175,8 +175,9 @@ func WithClock(c clockwork.Clock) LockerOption {
 // WithLogger sets the logger for lost locks, failed releases and the
 // misconfigurations the Locker detects (unstable job names, a duplicate
 // instance ID, clock skew beyond the tolerance; docs/scheduling.md). The
-// errors that gocron passes to AfterLockError report them too. Default:
-// discard; nil means discard.
+// errors that gocron passes to AfterLockError report them too. Default,
+// and for nil: slog.Default() at the time of NewLocker; pass
+// slog.New(slog.DiscardHandler) to drop everything.
 func WithLogger(l *slog.Logger) LockerOption { return func(c *lockerConfig) { c.logger = l } }
 
 // WithLostHandler sets a function called, on a goroutine of the Locker, when a

@@ -88,6 +88,8 @@ func (l *Locker) judge(ctx context.Context, job string, c claim, err error) (fin
 		return true, l.fail(job, c, errOther, err)
 	case errors.Is(err, redlock.ErrUnavailable):
 		return down(q), l.fail(job, c, errUnavailable, err)
+	case errors.Is(err, redlock.ErrMisconfigured):
+		return true, l.fail(job, c, errMisconfigured, err) // an operator must fix a node: retrying will not
 	}
 	if holder, ok := q.HolderMetadata(); ok {
 		return l.refused(ctx, job, c, holder, q)
@@ -258,14 +260,15 @@ func splitHolder(md string) (instance string, clock time.Time, nonce string, ttl
 
 // Kinds of runError.
 const (
-	errOther       = iota // redlock's error, quoted
-	errTaken              // another instance took this scheduled time
-	errRunning            // a run of the job is in progress elsewhere
-	errLater              // a later scheduled time was taken: too late
-	errLate               // too late before any round (claim)
-	errUnavailable        // too many nodes failed
-	errStopped            // gocron stopped the job
-	errOrphan             // an own failed attempt's run lock blocks the job
+	errOther         = iota // redlock's error, quoted
+	errTaken                // another instance took this scheduled time
+	errRunning              // a run of the job is in progress elsewhere
+	errLater                // a later scheduled time was taken: too late
+	errLate                 // too late before any round (claim)
+	errUnavailable          // too many nodes failed
+	errStopped              // gocron stopped the job
+	errOrphan               // an own failed attempt's run lock blocks the job
+	errMisconfigured        // too many nodes answered that they are misconfigured
 )
 
 // runError is the error of a Lock that did not run its job. Its message
@@ -306,6 +309,8 @@ func (e *runError) Error() string {
 		return head + " skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken (" + cause + ")"
 	case errUnavailable:
 		return head + " skipped: Redis unavailable: " + redlockText(e.err)
+	case errMisconfigured:
+		return head + " skipped: Redis nodes misconfigured: " + redlockText(e.err)
 	case errTaken:
 		reason := fmt.Sprintf("%q already ran it", e.holder)
 		if e.duplicate {

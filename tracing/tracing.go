@@ -175,13 +175,16 @@ const (
 	OutcomeGranted     = "granted"     // the lock (or extension, release) went through
 	OutcomeContended   = "contended"   // refused by another holder: not an error
 	OutcomeUnavailable = "unavailable" // too many nodes failed: an error
-	OutcomeWeak        = "weak"        // quorum granted too little validity; refused
-	OutcomeLost        = "lost"        // the lock is gone
-	OutcomeResigned    = "resigned"    // elector: a term ended by its leader's resignation
-	OutcomeCanceled    = "canceled"    // ctx ended
-	OutcomeInvalid     = "invalid"     // bad input
-	OutcomeRan         = "ran"         // scheduler: the job ran here
-	OutcomeSkippedHeld = "skipped_held_elsewhere"
+	// OutcomeMisconfigured: too many nodes answered with an error an
+	// operator must fix (redlock.ErrMisconfigured): an error.
+	OutcomeMisconfigured = "misconfigured"
+	OutcomeWeak          = "weak"     // quorum granted too little validity; refused
+	OutcomeLost          = "lost"     // the lock is gone
+	OutcomeResigned      = "resigned" // elector: a term ended by its leader's resignation
+	OutcomeCanceled      = "canceled" // ctx ended
+	OutcomeInvalid       = "invalid"  // bad input
+	OutcomeRan           = "ran"      // scheduler: the job ran here
+	OutcomeSkippedHeld   = "skipped_held_elsewhere"
 	// OutcomeSkippedLate: the run came too late for its scheduled time
 	// (a later one was taken, or the misfire threshold had passed).
 	OutcomeSkippedLate = "skipped_late"
@@ -204,10 +207,12 @@ const (
 // Values of error.type on spans with status Error.
 const (
 	ErrorTypeUnavailable = "redlock.unavailable"
-	ErrorTypeLockLost    = "redlock.lock_lost"
-	ErrorTypeInvalid     = "redlock.invalid_argument"
-	ErrorTypeCanceled    = "context.canceled"
-	ErrorTypeOther       = "_OTHER"
+	// ErrorTypeMisconfigured: redlock.ErrMisconfigured.
+	ErrorTypeMisconfigured = "redlock.misconfigured"
+	ErrorTypeLockLost      = "redlock.lock_lost"
+	ErrorTypeInvalid       = "redlock.invalid_argument"
+	ErrorTypeCanceled      = "context.canceled"
+	ErrorTypeOther         = "_OTHER"
 )
 
 // Span events.

@@ -286,7 +286,8 @@ func (s *Server) launchLocked() error {
 
 // waitReady polls until the process pid answers PING on s.Addr(). It checks
 // the answering server's process_id, so that another server that owns the
-// port cannot be mistaken for ours.
+// port cannot be mistaken for ours, except for a server that requires a
+// password: its NOAUTH answer is enough.
 func (s *Server) waitReady(pid int, exited <-chan struct{}) error {
 	deadline := time.Now().Add(startTimeout)
 	want := "process_id:" + strconv.Itoa(pid) + "\r\n"
@@ -304,6 +305,10 @@ func (s *Server) waitReady(pid int, exited <-chan struct{}) error {
 			}
 			defer c.close()
 			if _, err := c.do("PING"); err != nil {
+				var rerr redisError
+				if errors.As(err, &rerr) && strings.HasPrefix(string(rerr), "NOAUTH") {
+					return nil // started with a password (WithArgs("--requirepass", ...)): it answers
+				}
 				return err
 			}
 			info, err := c.do("INFO", "server")

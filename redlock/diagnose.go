@@ -1,0 +1,241 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// This file names the real cause of a node's failure: the answers that an
+// operator must fix on the node (misconfiguration, ErrMisconfigured), the
+// reason a connection failed (recorded by a go-redis dial hook, since
+// go-redis retries a failed dial until the node timeout and then reports
+// only the deadline), and the log lines of a node that goes bad and
+// recovers while the quorum still works.
+
+// misconfigured lists the error replies that an operator must fix on the
+// node or in the go-redis client, by reply prefix, with what to do.
+var misconfigured = []struct{ prefix, fix string }{
+	{"WRONGPASS", "authentication failed: check the Username and Password of the node's go-redis client"},
+	{"NOAUTH", "the node requires a password: set Password (and Username) in the node's go-redis client"},
+	{"Protocol error: unauthenticated", "the node requires a password: set Password (and Username) in the node's go-redis client"},
+	{"NOPERM", "the ACL user lacks a permission this library needs (docs/integrations.md lists them)"},
+	{"CROSSSLOT", "a Redis Cluster node: the keys of one call must hash to one slot; use a key prefix with a hash tag (WithKeyPrefix(\"{locks}:\")) or standalone nodes"},
+	{"MOVED", "a Redis Cluster node that does not serve this key's slot: use standalone masters"},
+	{"ASK", "a Redis Cluster node migrating this key's slot: use standalone masters"},
+	{"READONLY", "a read-only replica: every node must be an independent master"},
+	{"OOM", "the node is at maxmemory and refuses writes (maxmemory-policy noeviction): raise maxmemory or free memory"},
+	{"MISCONF", "the node refuses writes because it cannot save its snapshots (stop-writes-on-bgsave-error): fix its disk or persistence settings"},
+	{"unknown command", "the node does not offer a command this library needs (renamed or disabled?)"},
+}
+
+// misconfigError is a node's answer that an operator must fix: it matches
+// ErrMisconfigured and the node's error.
+type misconfigError struct {
+	fix string
+	err error
+}
+
+func (e *misconfigError) Error() string   { return e.fix + " (the node answered: " + e.err.Error() + ")" }
+func (e *misconfigError) Unwrap() []error { return []error{ErrMisconfigured, e.err} }
+
+// nodeError returns err, a node's failed call, as a NodeResult's Err: an
+// answer that an operator must fix matches ErrMisconfigured and says what
+// to fix.
+func nodeError(err error) error {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return err
+	}
+	for _, m := range misconfigured {
+		if redis.HasErrorPrefix(rerr, m.prefix) {
+			return &misconfigError{fix: m.fix, err: err}
+		}
+	}
+	return err
+}
+
+// dialError is the last failure to connect to a node, as the cause of the
+// node's missing answer.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "cannot connect: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// dialWatch is the go-redis hook that New adds to each node's client: it
+// records the node's last failure to connect, and clears it on a
+// connection. It changes nothing else.
+type dialWatch struct{ p *peer }
+
+func (h dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil && ctx.Err() == nil {
+			h.p.health.noteDial(&dialError{err: err})
+		} else if err == nil {
+			h.p.health.noteDial(nil)
+		}
+		return conn, err
+	}
+}
+
+func (dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// health is what a Client knows of one node's failures: its last failure
+// to connect, and whether it is failing (since when, why), for the log
+// lines of a node that goes bad and recovers.
+type health struct {
+	mu      sync.Mutex
+	dial    error     // the last failed dial, nil after a connection
+	cause   error     // why the node is failing; nil while it answers
+	since   time.Time // when it started failing
+	failed  time.Time // its last failure
+	lastErr error     // the last failure's error, for later rounds' texts
+}
+
+// noteDial records the outcome of a dial: err, or nil for a connection.
+func (h *health) noteDial(err error) {
+	h.mu.Lock()
+	h.dial = err
+	h.mu.Unlock()
+}
+
+// why returns what explains the node's missing answer: its last failure to
+// connect, else its last failure while it is failing; nil when nothing is
+// known.
+func (h *health) why() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.dial != nil {
+		return h.dial
+	}
+	return h.lastErr
+}
+
+// quiet is how long a failing node must answer without a new failure
+// before it is logged as recovered: calls queued behind a freeze time out
+// and are answered in turns once it ends.
+const quiet = time.Second
+
+// observe records a result of p and logs the node going bad (the first
+// failure after it recovered, and again when the failure turns out to be
+// a misconfiguration) and recovering (an answer once quiet has passed
+// since its last failure). Results that say nothing about the node (cut
+// short by the caller, a shorter wait than the node timeout) are not given
+// to it.
+func (c *Client) observe(p *peer, r NodeResult) {
+	if errors.Is(r.Err, context.Canceled) {
+		return // Close gave up on the call: nothing about the node
+	}
+	h := &p.health
+	now := time.Now()
+	h.mu.Lock()
+	var logBad, logGood bool
+	var since time.Time
+	cause := r.Err
+	switch r.Outcome {
+	case OutcomeOK, OutcomeHeld, OutcomeGated:
+		h.dial = nil
+		if h.cause != nil && now.Sub(h.failed) >= quiet {
+			logGood, since = true, h.since
+			h.cause, h.lastErr = nil, nil
+		}
+	case OutcomeError, OutcomeTimeout:
+		if cause == nil {
+			cause = errors.New("no answer")
+		}
+		if r.Outcome == OutcomeError {
+			h.lastErr = cause
+		}
+		mis := errors.Is(cause, ErrMisconfigured)
+		logBad = h.cause == nil || mis && !errors.Is(h.cause, ErrMisconfigured)
+		if h.cause == nil {
+			h.since = now
+		}
+		h.cause, h.failed = cause, now
+	}
+	h.mu.Unlock()
+	switch {
+	case logBad && errors.Is(cause, ErrMisconfigured):
+		c.log.Error("redlock: node misconfigured; locks continue while a quorum of the other nodes answers",
+			"node", p.addr, "cause", cause.Error())
+	case logBad:
+		c.log.Warn("redlock: node failing; locks continue while a quorum of the other nodes answers",
+			"node", p.addr, "cause", cause.Error())
+	case logGood:
+		c.log.Info("redlock: node answers again", "node", p.addr,
+			"failing_for", now.Sub(since).Round(time.Millisecond).String())
+	}
+}
+
+// explain returns err, a node's missing answer, with what is known of the
+// node's failure: "no answer within the 100ms node timeout: cannot
+// connect: dial tcp ...: connection refused".
+func explain(p *peer, err *noAnswerError) error {
+	why := p.health.why()
+	if why == nil || err.err != nil && !errors.Is(err.err, context.DeadlineExceeded) {
+		return err
+	}
+	return &noAnswerError{msg: err.msg + ": " + causeText(why), err: why}
+}
+
+// causeText says what a node's failure was, for a missing answer's text.
+func causeText(err error) string {
+	var d *dialError
+	if errors.As(err, &d) {
+		return d.Error()
+	}
+	return "its last failure: " + err.Error()
+}
+
+// warnLayout logs, at New, node sets that work but do not tolerate what
+// the user probably expects: an even count (a quorum of 2 of 2 tolerates
+// no failure, 3 of 4 one, as 3 nodes do) and two names of one server
+// ("localhost:6379" and "127.0.0.1:6379").
+func (c *Client) warnLayout() {
+	switch n := len(c.peers); {
+	case n == 2:
+		c.log.Warn("redlock: 2 nodes: the quorum is both, so no node may fail; use 3 (or 5) nodes", "nodes", n)
+	case n > 2 && n%2 == 0:
+		c.log.Warn(fmt.Sprintf("redlock: %d nodes: the quorum is %d, which tolerates as many failed nodes as %d nodes do; use an odd number", n, c.quorum, n-1),
+			"nodes", n)
+	}
+	seen := map[string]string{}
+	for _, p := range c.peers {
+		key, ok := loopbackKey(p.addr)
+		if !ok {
+			continue
+		}
+		if other, dup := seen[key]; dup {
+			c.log.Warn("redlock: two nodes are one server: a failure of that server counts twice", "node", p.addr, "same_as", other)
+			continue
+		}
+		seen[key] = p.addr
+	}
+}
+
+// loopbackKey returns the address with the names of this machine
+// (localhost, 127.0.0.1, ::1, 0.0.0.0) made one, so that two names of one
+// local server compare equal; false for an address without a port.
+func loopbackKey(addr string) (string, bool) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", false
+	}
+	switch h := strings.ToLower(host); {
+	case h == "localhost" || h == "" || h == "0.0.0.0" || h == "::":
+		host = "loopback"
+	case net.ParseIP(h) != nil && net.ParseIP(h).IsLoopback():
+		host = "loopback"
+	}
+	return host + ":" + port, true
+}
