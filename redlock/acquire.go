@@ -2,6 +2,8 @@ package redlock
 
 import (
 	"context"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -66,6 +68,9 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 		}
 		last = q
 		d := policy.NextBackOff()
+		if d != backoff.Stop && splitVote(q) {
+			d = min(d, splitDelay()) // the resource is free: retry soon, at a random moment
+		}
 		if d == backoff.Stop {
 			l.end()
 			return nil, wrapf([]error{last}, "%s not acquired%s: the retry policy (WithRetry) gave up; %s: %s",
@@ -351,4 +356,28 @@ func refusal(v string, expires time.Duration, resource string) NodeResult {
 	tp, md, _ := splitValue(v) // never expose the other owner's token
 	return NodeResult{Outcome: OutcomeHeld, Holder: md, Resource: resource, traceparent: tp, HolderTTL: expires,
 		value: unmarked(v)}
+}
+
+// maxSplitDelay bounds the random delay after a split vote.
+const maxSplitDelay = 15 * time.Millisecond
+
+// splitDelay returns the random delay before the next round after a split
+// vote: 1 ms to maxSplitDelay.
+func splitDelay() time.Duration { return time.Millisecond + rand.N(maxSplitDelay-time.Millisecond) }
+
+// splitVote reports whether q is an acquire round that contenders split:
+// nodes refused for holders, no holder has a quorum, and the nodes that
+// failed cannot complete one. Each contender undoes its minority, so the
+// resource is free: the next round should come soon, at a random moment
+// that desynchronizes the contenders (redis.io distlock spec, "Retry on
+// failure"), not after a retry delay sized for a held lock, and no release
+// notice will come to wake it.
+func splitVote(q *QuorumError) bool {
+	if q.weak || q.Count(OutcomeHeld) == 0 || q.HolderUnknown() || slices.ContainsFunc(q.sentinels, func(e error) bool {
+		return e == ErrUnavailable || e == ErrMisconfigured || e == ErrClosed
+	}) {
+		return false
+	}
+	_, held := quorumHolder(q)
+	return !held
 }

@@ -29,7 +29,8 @@ import (
 // its delay is then stretched to that holder's expiry (at most
 // maxNoticeWait) while every node has confirmed the subscription. After a
 // split vote (contenders that each won a minority, and undo their partial
-// grants without a notice) the retry delay alone paces the next round.
+// grants without a notice) the resource is free and no notice comes: the
+// next round starts after a short random delay (splitDelay, acquire.go).
 //
 // While some Acquire waits, each node has a subscriber: one goroutine that
 // applies (UN)SUBSCRIBE and one that receives on a PubSub connection of the

@@ -781,3 +781,40 @@ func TestWakeCloseWithStoppedNode(t *testing.T) {
 	}
 	cl[2].Cont(t)
 }
+
+// TestSplitVoteRetriesSoon: after a round split between holders that each
+// have a minority (here two foreign keys on two of three nodes), the
+// resource is free once they undo, and no release notice will come: the
+// waiter retries after a short random delay, not its retry delay (20 s
+// here), which left a chain of waiters stalled.
+func TestSplitVoteRetriesSoon(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	admins := cl.Clients(t)
+	for i, v := range []string{"minority-holder-1", "minority-holder-2"} {
+		if err := admins[i].Set(ctx, "r", v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(wctx, []string{"r"}, time.Second)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // a few split rounds
+	for _, a := range admins[:2] {
+		if err := a.Del(ctx, "r").Err(); err != nil { // the minority holders undo
+			t.Fatal(err)
+		}
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire after a split vote cleared: %v", err)
+	}
+}
