@@ -3,9 +3,11 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,3 +269,54 @@ func TestHoldersAreNamedByInstance(t *testing.T) {
 		t.Errorf("text\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestOneMisconfiguredNodeRunsQuietly: with one node of three refusing the
+// clients' password, runs go on, and their releases (confirmed by a
+// quorum) are not warned about at each run: redlock logs the node once.
+func TestOneMisconfiguredNodeRunsQuietly(t *testing.T) {
+	c, ms := miniClient(t, 3)
+	ms[2].RequireAuth("secret")
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"),
+		scheduler.WithLockJitter(0), scheduler.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	unlockErrs := 0
+	for range 10 {
+		lk, err := l.Lock(ctx, "report")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// nil when the release returned at a quorum before the node's
+		// answer; else the error names the node where it could not run.
+		if err := lk.Unlock(ctx); err != nil {
+			unlockErrs++
+			if errors.Is(err, redlock.ErrLockLost) || !strings.Contains(err.Error(), "could not run") {
+				t.Errorf("Unlock = %v, want the release's error naming the node where it could not run", err)
+			}
+		}
+		clock.Advance(time.Second)
+	}
+	if unlockErrs == 0 {
+		t.Fatal("no release reported the misconfigured node: the test tests nothing")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("runs with one misconfigured node were warned about:\n%s", logs.String())
+	}
+}
+
+// writerFunc is an io.Writer.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -604,10 +604,27 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		case rerr != nil:
 			r.err = &textError{msg: fmt.Sprintf("scheduler: job %q %s: after the run, %s", r.job, r.claim.what(), redlockText(rerr)),
 				errs: []error{rerr}}
-			r.l.log.Warn("scheduler: release after the job failed; the lock expires with its TTL", "job", r.job, "err", rerr)
+			if quorumReleased(rerr) {
+				// redlock logs the node that could not run it, once.
+				r.l.log.Debug("scheduler: released on a quorum; a node could not run the release", "job", r.job, "err", rerr)
+			} else {
+				r.l.log.Warn("scheduler: release after the job failed; the lock expires with its TTL", "job", r.job, "err", rerr)
+			}
 		}
 	})
 	return r.err
+}
+
+// quorumReleased reports whether err, a Release's, says that a quorum
+// released the lock and only some node could not run the release: it
+// matches none of redlock's failure sentinels then (redlock.Lock.Release).
+func quorumReleased(err error) bool {
+	for _, s := range []error{redlock.ErrLockLost, redlock.ErrUnavailable, redlock.ErrMisconfigured, redlock.ErrClosed, redlock.ErrInvalidArgument} {
+		if errors.Is(err, s) {
+			return false
+		}
+	}
+	return true
 }
 
 // finished records the outcome gocron reported for the run (the
