@@ -137,10 +137,11 @@ func OnStartedLeading(f func(ctx context.Context)) Option {
 
 // OnStoppedLeading sets a function called exactly once after each
 // leadership ends (loss, expiry or Run's end), after OnStartedLeading has
-// returned, on Run's goroutine.
+// returned, on Run's goroutine. It pairs with OnStartedLeading: a
+// leadership whose OnStartedLeading was not run (the lease's validity had
+// ended when its goroutine started) does not call it either.
 func OnStoppedLeading(f func()) Option {
 	return func(c *config) { c.onStoppedLeading = f }
-
 }
 
 // OnNewLeader sets a function called on Run's goroutine when the observed
@@ -457,10 +458,13 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 	}
 
 	done := make(chan struct{})
+	ran := true // OnStartedLeading ran, or none is set: OnStoppedLeading pairs with it
 	go func() {
 		defer close(done)
-		if e.cfg.onStartedLeading != nil && e.IsLeader(ctx) == nil {
-			e.cfg.onStartedLeading(lctx)
+		if e.cfg.onStartedLeading != nil {
+			if ran = e.IsLeader(ctx) == nil; ran {
+				e.cfg.onStartedLeading(lctx)
+			}
 		}
 	}()
 	<-lctx.Done()
@@ -472,7 +476,7 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 	e.lease, e.leadCtx, e.leadCancel = nil, nil, nil
 	e.mu.Unlock()
 	<-done
-	if e.cfg.onStoppedLeading != nil {
+	if e.cfg.onStoppedLeading != nil && ran {
 		e.cfg.onStoppedLeading()
 	}
 	// Resign, or clean up what is left of a lost lease, in the span that

@@ -748,3 +748,34 @@ func TestRunOnAClosedClientReturns(t *testing.T) {
 		t.Fatal("Run still campaigning 20s after its Client was closed")
 	}
 }
+
+// TestStoppedLeadingPairsWithStarted: a leadership whose OnStartedLeading
+// is not run (the lease had expired when its goroutine started: here
+// OnNewLeader, on Run's goroutine, stalls past the lease while a majority
+// of nodes is frozen, as a process pause would) does not call
+// OnStoppedLeading either.
+func TestStoppedLeadingPairsWithStarted(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	var stalled atomic.Bool
+	c := startCandidate(t, cl, "stalls", &windows{}, elector.WithLeaseTTL(300*time.Millisecond),
+		elector.WithRetryPeriod(50*time.Millisecond),
+		elector.OnNewLeader(func(identity string) {
+			if identity == "stalls" && stalled.CompareAndSwap(false, true) {
+				// A pause of the whole process: no renewal reaches a quorum.
+				cl[0].Stop(t)
+				cl[1].Stop(t)
+				time.Sleep(600 * time.Millisecond) // past the lease
+				cl[0].Cont(t)
+				cl[1].Cont(t)
+			}
+		}))
+	deadline := time.Now().Add(5 * time.Second)
+	for c.started.Load() == 0 && time.Now().Before(deadline) { // the next leadership starts
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.stop()
+	if s, st := c.started.Load(), c.stopped.Load(); s == 0 || s != st {
+		t.Errorf("OnStartedLeading %d times, OnStoppedLeading %d times; want equal, at least 1", s, st)
+	}
+}
