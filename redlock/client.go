@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,9 +66,13 @@ type peer struct {
 // (5 s by default in go-redis v9.23), so a frozen or unreachable node holds
 // up the later commands for it at most about the node timeout.
 //
-// A *redis.ClusterClient or *redis.Ring may stand for one node only if every
-// resource of a multi-resource lock maps to one hash slot (use hash tags):
-// the scripts touch all keys of a lock at once.
+// A *redis.ClusterClient may stand for one node only if every key of one
+// call maps to one hash slot: the scripts touch all keys of a lock at once,
+// and a fenced, reentrant or gated lock and the scheduler's runs use
+// several keys even for one resource. Give the Client a key prefix with a
+// hash tag (WithKeyPrefix("{locks}:")); docs/integrations.md. A
+// *redis.Ring is not a node: when it drops a shard it moves the keys to
+// others, which loses locks; New warns about one.
 //
 // Options given as LockOption set the default of every call. New errors
 // (matching ErrInvalidArgument, naming the bad value) on no nodes, a nil
@@ -168,9 +173,14 @@ func (cfg *lockConfig) validateDefault() error {
 // nodeIdentity returns a key that is equal for two entries that reach the
 // same Redis database, and a printable address.
 func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
-	if c, ok := rdb.(*redis.Client); ok {
+	switch c := rdb.(type) {
+	case *redis.Client:
 		o := c.Options()
 		return fmt.Sprintf("%s/%s/%d", o.Network, o.Addr, o.DB), o.Addr
+	case *redis.ClusterClient:
+		if addrs := c.Options().Addrs; len(addrs) > 0 {
+			return fmt.Sprintf("%p", rdb), "cluster " + strings.Join(addrs, ",")
+		}
 	}
 	return fmt.Sprintf("%p", rdb), fmt.Sprintf("node%d", i)
 }

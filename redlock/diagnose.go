@@ -199,8 +199,8 @@ func causeText(err error) string {
 
 // warnLayout logs, at New, node sets that work but do not tolerate what
 // the user probably expects: an even count (a quorum of 2 of 2 tolerates
-// no failure, 3 of 4 one, as 3 nodes do) and two names of one server
-// ("localhost:6379" and "127.0.0.1:6379").
+// no failure, 3 of 4 one, as 3 nodes do), a *redis.Ring as a node, and
+// two names of one server ("localhost:6379" and "127.0.0.1:6379").
 func (c *Client) warnLayout() {
 	switch n := len(c.peers); {
 	case n == 2:
@@ -208,6 +208,12 @@ func (c *Client) warnLayout() {
 	case n > 2 && n%2 == 0:
 		c.log.Warn(fmt.Sprintf("redlock: %d nodes: the quorum is %d, which tolerates as many failed nodes as %d nodes do; use an odd number", n, c.quorum, n-1),
 			"nodes", n)
+	}
+	for _, p := range c.peers {
+		if _, ring := p.rdb.(*redis.Ring); ring {
+			c.log.Warn("redlock: a *redis.Ring is one node here, and it moves keys to other shards when one goes down, which loses locks: use one *redis.Client per node",
+				"node", p.addr)
+		}
 	}
 	seen := map[string]string{}
 	for _, p := range c.peers {

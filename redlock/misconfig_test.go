@@ -386,6 +386,14 @@ func TestNewWarnsAboutNodeSets(t *testing.T) {
 		}
 		return out
 	}
+	t.Run("ring", func(t *testing.T) {
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "10.0.0.9:6379"}})
+		t.Cleanup(func() { _ = ring.Close() })
+		_, logs := newLogged(t, append(nodes("10.0.0.1:6379", "10.0.0.2:6379"), ring))
+		if !strings.Contains(logs.String(), "redis.Ring is one node here") {
+			t.Errorf("no warning about a Ring as a node: %q", logs)
+		}
+	})
 	for _, tc := range []struct {
 		name  string
 		addrs []string
