@@ -123,8 +123,13 @@ func (h *health) why() error {
 
 // quiet is how long a failing node must answer without a new failure
 // before it is logged as recovered: calls queued behind a freeze time out
-// and are answered in turns once it ends.
-const quiet = time.Second
+// and are answered in turns once it ends. A misconfigured node waits
+// quietMisconfigured: a read-only replica answers reads, and a write
+// that a held key refuses, until the next write fails.
+const (
+	quiet              = time.Second
+	quietMisconfigured = time.Minute
+)
 
 // observe records a result of p and logs the node going bad (the first
 // failure after it recovered, and again when the failure turns out to be
@@ -145,7 +150,11 @@ func (c *Client) observe(p *peer, r NodeResult) {
 	switch r.Outcome {
 	case OutcomeOK, OutcomeHeld, OutcomeGated:
 		h.dial = nil
-		if h.cause != nil && now.Sub(h.failed) >= quiet {
+		wait := quiet
+		if errors.Is(h.cause, ErrMisconfigured) {
+			wait = quietMisconfigured
+		}
+		if h.cause != nil && now.Sub(h.failed) >= wait {
 			logGood, since = true, h.since
 			h.cause, h.lastErr = nil, nil
 		}
@@ -166,10 +175,10 @@ func (c *Client) observe(p *peer, r NodeResult) {
 	h.mu.Unlock()
 	switch {
 	case logBad && errors.Is(cause, ErrMisconfigured):
-		c.log.Error("redlock: node misconfigured; locks continue while a quorum of the other nodes answers",
+		c.log.Error("redlock: node misconfigured (locks work while a quorum of the nodes answers)",
 			"node", p.addr, "cause", cause.Error())
 	case logBad:
-		c.log.Warn("redlock: node failing; locks continue while a quorum of the other nodes answers",
+		c.log.Warn("redlock: node failing (locks work while a quorum of the nodes answers)",
 			"node", p.addr, "cause", cause.Error())
 	case logGood:
 		c.log.Info("redlock: node answers again", "node", p.addr,

@@ -518,11 +518,19 @@ func timeoutText(r NodeResult) string {
 
 // refusedText says who holds what on a node that refused an acquisition:
 // `held by "worker-2" for another 850ms`, naming the resource when the lock
-// has several or the refusing key is its record (WithRecord).
+// has several or the refusing key is its record (WithRecord) or mark
+// (WithHighWater: `"m" is at mark 120, set by "worker-2"`).
 func refusedText(e *QuorumError, r NodeResult) string {
 	var b strings.Builder
 	if r.Resource != "" && (len(e.Resources) != 1 || r.Resource != e.Resources[0]) {
 		b.WriteString(quoteName(r.Resource) + " ")
+	}
+	if r.HolderMark != 0 { // a high-water mark: its TTL is a retention, not a hold
+		fmt.Fprintf(&b, "is at mark %d", r.HolderMark)
+		if r.Holder != "" {
+			fmt.Fprintf(&b, ", set by %q", r.Holder)
+		}
+		return b.String()
 	}
 	if r.Holder != "" {
 		fmt.Fprintf(&b, "held by %q", r.Holder)

@@ -250,11 +250,15 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd, plain bool) NodeResult {
 		r = NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
 	case isTimeout(err):
 		r = NodeResult{Outcome: OutcomeTimeout, Err: rs.timedOut(err)}
+		na, ok := r.Err.(*noAnswerError)
+		if !ok && errors.Is(err, context.DeadlineExceeded) { // the call's own limit (a cleanup's Wait)
+			na, ok = &noAnswerError{msg: fmt.Sprintf("no answer within the %v node timeout", rs.nodeTimeout()), err: err}, true
+		}
+		if ok {
+			r.Err = explain(p, na)
+		}
 		if rs.waitedNodeTimeout() {
 			p.down.Store(true)
-			if na, ok := r.Err.(*noAnswerError); ok {
-				r.Err = explain(p, na)
-			}
 		}
 	default:
 		r = NodeResult{Outcome: OutcomeError, Err: nodeError(err)}

@@ -260,11 +260,13 @@ func TestHoldersAreNamedByInstance(t *testing.T) {
 	q := &redlock.QuorumError{Op: "acquire", Resources: []string{"schedlock:job:report"}, Quorum: 2, Nodes: []redlock.NodeResult{
 		{Node: 0, Addr: "10.0.0.1:6379", Outcome: redlock.OutcomeHeld, Holder: "app/vm-514-915e@1796180510000/b324c077/2750", HolderTTL: 2686 * time.Millisecond},
 		{Node: 1, Addr: "10.0.0.2:6379", Outcome: redlock.OutcomeHeld, Holder: "vm-2@1796180510001/aa/2750", HolderTTL: time.Second},
-		{Node: 2, Addr: "10.0.0.3:6379", Outcome: redlock.OutcomeOK},
+		{Node: 2, Addr: "10.0.0.3:6379", Outcome: redlock.OutcomeHeld, Holder: "vm-3@1796180510002/bb/2592000000", Resource: "schedlock:taken:report",
+			HolderTTL: 719 * time.Hour, HolderMark: time.Date(2026, 12, 2, 8, 28, 45, 0, time.UTC).UnixMilli()},
 	}}
 	got := scheduler.RedlockText(q)
-	want := `lock "schedlock:job:report" not acquired: 1 of 3 nodes granted, quorum is 2: ` +
-		`10.0.0.1:6379 held by instance "app/vm-514-915e" for another 2.686s; 10.0.0.2:6379 held by instance "vm-2" for another 1s; 10.0.0.3:6379 granted (released again)`
+	want := `lock "schedlock:job:report" not acquired: 0 of 3 nodes granted, quorum is 2: ` +
+		`10.0.0.1:6379 held by instance "app/vm-514-915e" for another 2.686s; 10.0.0.2:6379 held by instance "vm-2" for another 1s; ` +
+		`10.0.0.3:6379 "schedlock:taken:report" holds the scheduled time 2026-12-02T08:28:45Z, set by instance "vm-3"`
 	if got != want {
 		t.Errorf("text\n%s\nwant\n%s", got, want)
 	}
@@ -320,3 +322,38 @@ func TestOneMisconfiguredNodeRunsQuietly(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestSkippedRunsAreLogged: runs skipped because too many nodes are
+// misconfigured are logged on the Locker's logger, once a minute per job
+// and reason, so that the logs alone say that the job stopped running.
+func TestSkippedRunsAreLogged(t *testing.T) {
+	c, ms := miniClient(t, 3)
+	for _, m := range ms[:2] {
+		m.RequireAuth("secret")
+	}
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	l, err := scheduler.NewLocker(c, scheduler.WithClock(clock), scheduler.WithInstanceID("a"),
+		scheduler.WithLockJitter(0), scheduler.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := l.Lock(context.Background(), "report"); !errors.Is(err, redlock.ErrMisconfigured) {
+			t.Fatalf("Lock = %v, want ErrMisconfigured", err)
+		}
+		clock.Advance(time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := strings.Count(logs.String(), "scheduler: run skipped")
+	if got != 1 || !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "set Password") {
+		t.Errorf("want one error line naming the fix for 3 skipped runs, got %d:\n%s", got, logs.String())
+	}
+}

@@ -215,7 +215,8 @@ func (e *textError) Unwrap() []error { return e.errs }
 //
 // The holders that refused a round are named by instance ID, `instance
 // "vm-7"`, not by the metadata of their run lock (splitHolder), which
-// encodes a clock reading and a nonce for the Locker's own checks.
+// encodes a clock reading and a nonce for the Locker's own checks, and the
+// job's record of scheduled times by the time it holds.
 func redlockText(err error) string {
 	text := strings.TrimPrefix(err.Error(), "redlock: ")
 	var q *redlock.QuorumError
@@ -223,6 +224,10 @@ func redlockText(err error) string {
 		return text
 	}
 	for _, r := range q.Nodes {
+		if r.HolderMark != 0 { // the job's record of the latest scheduled time taken
+			text = strings.ReplaceAll(text, fmt.Sprintf("is at mark %d", r.HolderMark),
+				"holds the scheduled time "+time.UnixMilli(r.HolderMark).UTC().Format(time.RFC3339Nano))
+		}
 		if r.Holder == "" {
 			continue
 		}
@@ -450,6 +455,7 @@ func (l *Locker) count(ctx context.Context, job, outcome string, n int64) {
 // skipped ends the run span of a Lock that failed and counts it.
 func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err error) {
 	outcome := outcomeOf(err)
+	l.logSkip(ctx, outcome, job, err)
 	if span.IsRecording() {
 		switch outcome {
 		case tracing.OutcomeSkippedDown, tracing.OutcomeSkippedGated, "skipped", tracing.OutcomeSkippedMisconfigured:

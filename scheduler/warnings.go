@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -83,6 +84,38 @@ func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
 	w.mu.Unlock()
 	if !seen {
 		w.log.WarnContext(ctx, msg, append([]any{"job", job, "warning", kind}, args...)...)
+	}
+}
+
+// logSkip logs a run skipped for a reason an operator must act on (Redis
+// unavailable or misconfigured, nodes inside their restart gate) at most
+// once every warnEvery per job and outcome, so that the logs alone tell
+// that a job stopped running, even without an AfterLockError listener.
+// The runs counter counts every such skip (outcome).
+func (l *Locker) logSkip(ctx context.Context, outcome, job string, err error) {
+	level := slog.LevelError
+	switch outcome {
+	case tracing.OutcomeSkippedDown:
+	case tracing.OutcomeSkippedMisconfigured:
+		if !errors.Is(err, redlock.ErrMisconfigured) {
+			return // an unstable name: warned as such (warnUnstableName)
+		}
+	case tracing.OutcomeSkippedGated:
+		level = slog.LevelWarn
+	default:
+		return
+	}
+	w := l.warnings
+	key, now := [2]string{"skip:" + outcome, job}, time.Now()
+	w.mu.Lock()
+	last, seen := w.logged[key]
+	if !seen || now.Sub(last) >= warnEvery {
+		w.logged[key] = now
+		seen = false
+	}
+	w.mu.Unlock()
+	if !seen {
+		w.log.Log(ctx, level, "scheduler: run skipped (logged at most once a minute per job and reason)", "job", job, "outcome", outcome, "err", err)
 	}
 }
 
