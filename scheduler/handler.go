@@ -345,7 +345,7 @@ func (h *handler) control(w http.ResponseWriter, r *http.Request, action string)
 		plain(w, statusCode(err), "refused: "+err.Error())
 		return
 	}
-	q := url.Values{"done": {done}, "job": {job}}
+	q := url.Values{"done": {done}, "target": {job}}
 	w.Header().Set("Location", "./?"+q.Encode())
 	w.WriteHeader(http.StatusSeeOther)
 }

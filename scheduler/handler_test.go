@@ -191,8 +191,8 @@ func TestHandlerRefusesBadInput(t *testing.T) {
 	// A good pause, and two run-now requests with no instance to take
 	// them: the second is a conflict.
 	resp := post(t, c, on.URL+"/pause", form("report"), nil)
-	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "./?done=paused&job=report" {
-		t.Errorf("POST /pause = %d to %q, want 303 to ./?done=paused&job=report", resp.StatusCode, loc)
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "./?done=paused&target=report" {
+		t.Errorf("POST /pause = %d to %q, want 303 to ./?done=paused&target=report", resp.StatusCode, loc)
 	}
 	if resp := post(t, c, on.URL+"/run", form(xssJob), nil); resp.StatusCode != http.StatusSeeOther {
 		t.Errorf("POST /run = %d, want 303", resp.StatusCode)

@@ -3,6 +3,7 @@ package scheduler
 import (
 	_ "embed"
 	"fmt"
+	"hash/fnv"
 	"html/template"
 	"net/url"
 	"strconv"
@@ -53,11 +54,11 @@ type timeView struct {
 }
 
 type instanceView struct {
-	ID, State, Class  string
-	LastSeen, Started timeView
-	Offset            string
-	Jobs              int
-	Differs           []string
+	ID, Hue, State, Class string
+	LastSeen, Started     timeView
+	Offset                string
+	Jobs                  int
+	Differs               []string
 }
 
 type electionView struct {
@@ -97,7 +98,7 @@ type runView struct {
 	Scheduled      timeView
 	ScheduledExtra string // a missed entry's range
 	Kind           string
-	Instance       string
+	Instance, Hue  string
 	Started        timeView
 	Duration       string
 	Outcome, Class string
@@ -116,7 +117,7 @@ var notices = map[string]string{
 func (h *handler) view(st *Status, err error, runs int, job string, q url.Values) pageView {
 	loc := h.s.locker.cfg.location
 	at := func(t time.Time) timeView { return timeAt(t, st.At, loc) }
-	v := pageView{Now: at(st.At), Zone: loc.String(), Instance: st.Instance, Controls: h.cfg.controls, Filter: job, Runs: runs,
+	v := pageView{Now: at(st.At), Zone: st.At.In(loc).Format("MST"), Instance: st.Instance, Controls: h.cfg.controls, Filter: job, Runs: runs,
 		Refresh: int(h.cfg.refresh / time.Second)}
 	keep := url.Values{}
 	if job != "" {
@@ -130,14 +131,14 @@ func (h *handler) view(st *Status, err error, runs int, job string, q url.Values
 		v.RefreshURL += "?" + keep.Encode()
 	}
 	if f, ok := notices[q.Get("done")]; ok {
-		v.Notice = fmt.Sprintf(f, q.Get("job"))
+		v.Notice = fmt.Sprintf(f, q.Get("target"))
 	}
 	if err != nil {
 		v.Warning = "Part of this page was read from fewer than a quorum of Redis nodes, and may be incomplete: " + err.Error()
 	}
 	counts := map[string]int{}
 	for _, in := range st.Instances {
-		iv := instanceView{ID: in.ID, State: in.State, Class: "b-" + in.State, LastSeen: at(in.LastSeen), Started: at(in.Started),
+		iv := instanceView{ID: in.ID, Hue: hue(in.ID), State: in.State, Class: "b-" + in.State, LastSeen: at(in.LastSeen), Started: at(in.Started),
 			Offset: formatOffset(in.ClockOffset), Jobs: in.Jobs, Differs: in.Differs}
 		v.Instances = append(v.Instances, iv)
 		if in.State == "up" {
@@ -200,7 +201,7 @@ func (h *handler) jobView(j JobStatus, at func(time.Time) timeView) jobView {
 		jv.RunNow = rv
 	}
 	for _, r := range j.Runs {
-		rv := runView{Scheduled: at(r.Scheduled), Kind: r.Kind, Instance: r.Instance, Started: at(r.Started),
+		rv := runView{Scheduled: at(r.Scheduled), Kind: r.Kind, Instance: r.Instance, Hue: hue(r.Instance), Started: at(r.Started),
 			Outcome: r.Outcome, Class: "b-" + r.Outcome, Error: r.Error}
 		if r.Scheduled.IsZero() {
 			rv.Scheduled = timeView{Rel: "—", Abs: "none (manual)"}
@@ -244,6 +245,14 @@ func lastRun(runs []Run) *Run {
 	return nil
 }
 
+// hue returns the class of an instance's colour ("h0" to "h7"), the same
+// wherever the page shows it, so that who ran what reads at a glance.
+func hue(instance string) string {
+	h := fnv.New32a()
+	h.Write([]byte(instance))
+	return "h" + strconv.Itoa(int(h.Sum32()%8))
+}
+
 // anchor returns an HTML id fragment for a job name (the name itself is
 // escaped where it is shown).
 func anchor(name string) string {
@@ -266,6 +275,8 @@ func timeAt(t, now time.Time, loc *time.Location) timeView {
 	d := t.Sub(now)
 	rel := "now"
 	switch {
+	case d > 0 && d < time.Second:
+		rel = "in <1s"
 	case d >= time.Second:
 		rel = "in " + formatDuration(d)
 	case d <= -time.Second:
