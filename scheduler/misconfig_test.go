@@ -383,7 +383,7 @@ func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 }
 
 // newRedlock returns a Client over nodes, closed when the test ends.
-func newRedlock(t *testing.T, nodes []redis.UniversalClient) *redlock.Client {
+func newRedlock(t testing.TB, nodes []redis.UniversalClient) *redlock.Client {
 	t.Helper()
 	c, err := redlock.New(nodes)
 	if err != nil {

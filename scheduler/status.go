@@ -164,6 +164,11 @@ type ElectionStatus struct {
 	Since time.Time `json:"since,omitzero"`
 }
 
+// statusTimeout bounds each node's answer to a status read: the run
+// records of a thousand jobs are megabytes, more than a lock round's node
+// timeout allows for.
+const statusTimeout = 5 * time.Second
+
 var (
 	statusScript = redlock.NewScript(`-- Status: the fleet's hashes.
 -- KEYS[1] instances, KEYS[2] the registry, KEYS[3] paused, KEYS[4] runnow.
@@ -171,11 +176,11 @@ var (
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {string.format('%.0f', now), redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
-  redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[4])}`)
+  redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[4])}`, redlock.WithScriptTimeout(statusTimeout))
 	runsScript = redlock.NewScript(`-- Runs: the newest ARGV[1] entries of each list in KEYS.
 local out = {}
 for i = 1, #KEYS do out[i] = redis.call('LRANGE', KEYS[i], 0, tonumber(ARGV[1]) - 1) end
-return out`)
+return out`, redlock.WithScriptTimeout(statusTimeout))
 )
 
 // Status reads the fleet's state from the Redis nodes, as a merge of what
@@ -187,8 +192,11 @@ return out`)
 // clock offsets and the settings in which they differ; and the elections
 // asked for (WithElections). It costs two rounds of at most two scripts
 // each per node, whatever the number of jobs: the fleet's hashes first,
-// then every job's run record and run lock (redlock.Client.Holders); each
-// round is bounded by the node timeout (Holders waits for every node).
+// then every job's run record and run lock (redlock.Client.Holders). Each
+// round returns once a quorum of nodes answered (Holders: every node); a
+// node's answer to the two scripts is awaited up to 5 s (their replies can
+// be megabytes), to the run locks' read up to the node timeout; ctx bounds
+// it all.
 //
 // Errors: ErrInvalidArgument (redlock's) for a bad option; ErrUnknownJob
 // for WithJob of a job nobody has; an error matching
@@ -215,9 +223,7 @@ func (s *Scheduler) Status(ctx context.Context, opts ...StatusOption) (*Status, 
 			elections, electionErr = elector.Leaderships(ctx, l.client, cfg.elections, cfg.electorOpts...)
 		})
 	}
-	rctx, cancel := context.WithTimeout(ctx, l.client.NodeTimeout())
-	replies, err := l.client.Eval(rctx, statusScript, []string{l.instancesKey(), l.registryKey(), l.pausedKey(), l.requestsKey()})
-	cancel()
+	replies, err := l.client.Eval(ctx, statusScript, []string{l.instancesKey(), l.registryKey(), l.pausedKey(), l.requestsKey()})
 	if err != nil {
 		wg.Wait()
 		return nil, &textError{msg: "scheduler: reading the fleet's status: " + redlockText(err), errs: []error{err}}
@@ -383,9 +389,7 @@ func (l *Locker) readJobs(ctx context.Context, jobs []JobStatus, n int) error {
 	var holdersErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { holders, holdersErr = l.client.Holders(ctx, lockKeys) })
-	rctx, cancel := context.WithTimeout(ctx, l.client.NodeTimeout())
-	replies, err := l.client.Eval(rctx, runsScript, runKeys, n)
-	cancel()
+	replies, err := l.client.Eval(ctx, runsScript, runKeys, n)
 	wg.Wait()
 	now := l.cfg.clock.Now()
 	for i := range jobs {
