@@ -12,6 +12,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/schedlock/schedlock/elector"
+
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 	"github.com/schedlock/schedlock/scheduler"
@@ -117,7 +119,22 @@ func TestStatusPageInABrowser(t *testing.T) {
 	ex := &executions{}
 	const odd = `<b>bold</b> & "quoted"`
 	fleet := startFleet(t, cl, 3, ex, []fleetJob{{"tick", everySecond}, {"nightly", daily}, {odd, daily}})
-	h, err := fleet[0].Handler(scheduler.WithControls(true), scheduler.WithRefresh(0))
+	// A leader election beside the jobs, shown on the page.
+	e, err := elector.New(newRedlock(t, cl.Clients(t)), "reports-leader", elector.WithIdentity("i1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx, stopElector := context.WithCancel(context.Background())
+	electorDone := make(chan error, 1)
+	go func() { electorDone <- e.Run(ectx) }()
+	defer func() {
+		stopElector()
+		if err := <-electorDone; err != nil {
+			t.Errorf("elector Run: %v", err)
+		}
+	}()
+	h, err := fleet[0].Handler(scheduler.WithControls(true), scheduler.WithRefresh(0),
+		scheduler.WithStatusOptions(scheduler.WithElections([]string{"reports-leader"})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +167,18 @@ func TestStatusPageInABrowser(t *testing.T) {
 		if inst, ok := record[r.Scheduled]; ok && inst != r.Instance {
 			t.Errorf("row %+v: the run record says %s ran it", r, inst)
 		}
+	}
+	// The election: its leader, with a term.
+	var election []string
+	waitFor(t, 10*time.Second, func() bool {
+		if err := chromedp.Do(ctx, chromedp.Navigate(p.url)); err != nil {
+			t.Fatal(err)
+		}
+		election, err = chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#elections tbody td')].map(td => td.textContent.trim())`))
+		return err == nil && len(election) == 5 && election[1] == "led" && election[3] != ""
+	})
+	if election[0] != "reports-leader" || election[2] != "i1" {
+		t.Errorf("elections row %q, want reports-leader led by i1, with a term", election)
 	}
 	// A name with markup shows as text.
 	heading, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`[...document.querySelectorAll('section.job h3')].find(e => e.textContent === %q && !e.querySelector('b')) ? "text" : "missing"`, odd)))
@@ -210,7 +239,9 @@ func TestStatusPageInABrowser(t *testing.T) {
 	p.click("tick", "resume")
 	resumed := ex.total("tick")
 	waitFor(t, 20*time.Second, func() bool { return ex.total("tick") >= resumed+2 })
-	p.until("tick", 20*time.Second, func(rows []pageRow, state string) bool { return state != "paused" && len(rows) > 0 && rows[0].Outcome == "ok" })
+	p.until("tick", 20*time.Second, func(rows []pageRow, state string) bool {
+		return state != "paused" && len(rows) > 0 && rows[0].Outcome == "ok"
+	})
 
 	// Run now through the page: one run, on one instance.
 	p.click("nightly", "run")
@@ -229,7 +260,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 	}
 
 	if out := os.Getenv("SCHEDLOCK_STATUS_SCREENSHOT"); out != "" {
-		if err := chromedp.Do(ctx, chromedp.Navigate(strings.Replace(p.url, "runs=40", "runs=16", 1))); err != nil {
+		if err := chromedp.Do(ctx, chromedp.Navigate(strings.Replace(p.url, "runs=40", "runs=12", 1))); err != nil {
 			t.Fatal(err)
 		}
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))

@@ -83,6 +83,8 @@ type instanceEntry struct {
 	Clock    int64             `json:"clock"`             // the instance's clock when it sent this, Unix ms
 	Poll     int64             `json:"poll"`              // its poll interval, ms
 	Jobs     int               `json:"jobs"`              // its number of jobs
+	Offset   *int64            `json:"offset,omitempty"`  // its clock minus the nodes', µs, measured (offsetSample)
+	OffErr   int64             `json:"offset_err"`        // how far off Offset may be, µs
 	Stopped  bool              `json:"stopped,omitempty"` // written as its loop ended
 	Settings map[string]string `json:"settings"`          // settings compared across instances
 }
@@ -213,7 +215,20 @@ type fleetLoop struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	runs   sync.WaitGroup // run-now requests being run
+
+	samples []offsetSample // the clock offsets of the last offsetSamples polls (the loop's goroutine only)
 }
+
+// offsetSample is one poll's measure of this instance's clock against
+// the nodes': the clock read before the poll, plus half the poll's round
+// trip, minus the nodes' time in the reply; err is that half round trip,
+// the most the measure can be off by.
+type offsetSample struct{ offset, err time.Duration }
+
+// offsetSamples is how many polls the offset is taken from: the one with
+// the shortest round trip, whose measure waited least in queues (as NTP
+// picks its best sample).
+const offsetSamples = 16
 
 // startFleet starts the Scheduler's fleet loop unless it runs.
 func (s *Scheduler) startFleet() {
@@ -278,8 +293,14 @@ func (f *fleetLoop) run(ctx context.Context) {
 func (f *fleetLoop) poll(ctx context.Context, started int64, stopped bool) {
 	l := f.s.locker
 	jobs, fingerprint := f.s.jobSet()
-	entry, _ := json.Marshal(instanceEntry{Started: started, Clock: l.cfg.clock.Now().UnixMilli(), Poll: l.cfg.poll.Milliseconds(),
-		Jobs: len(jobs), Stopped: stopped, Settings: l.settings(fingerprint)})
+	sent, clock := time.Now(), l.cfg.clock.Now()
+	e := instanceEntry{Started: started, Clock: clock.UnixMilli(), Poll: l.cfg.poll.Milliseconds(),
+		Jobs: len(jobs), Stopped: stopped, Settings: l.settings(fingerprint)}
+	if best, ok := f.bestOffset(); ok {
+		us := best.offset.Microseconds()
+		e.Offset, e.OffErr = &us, best.err.Microseconds()
+	}
+	entry, _ := json.Marshal(e)
 	pctx, cancel := context.WithTimeout(ctx, l.client.NodeTimeout())
 	defer cancel()
 	replies, err := l.client.Eval(pctx, pollScript, []string{l.instancesKey(), l.pausedKey(), l.requestsKey()},
@@ -290,12 +311,27 @@ func (f *fleetLoop) poll(ctx context.Context, started int64, stopped bool) {
 		}
 		return
 	}
+	if node := nodeTime(replies, 0); !node.IsZero() {
+		half := time.Since(sent) / 2
+		f.samples = append(f.samples, offsetSample{offset: clock.Add(half).Sub(node), err: half + time.Millisecond}) // the nodes' time is in ms
+		if len(f.samples) > offsetSamples {
+			f.samples = f.samples[1:]
+		}
+	}
 	l.setPauses(readPauses(replies))
 	if stopped {
 		return
 	}
 	reqs, now := readRequests(replies)
 	f.serve(ctx, reqs, now, jobs)
+}
+
+// bestOffset returns the sample of the shortest round trip, if any.
+func (f *fleetLoop) bestOffset() (offsetSample, bool) {
+	if len(f.samples) == 0 {
+		return offsetSample{}, false
+	}
+	return slices.MinFunc(f.samples, func(a, b offsetSample) int { return cmp.Compare(a.err, b.err) }), true
 }
 
 // register writes the registry entries of the Scheduler's jobs; false

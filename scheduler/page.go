@@ -139,7 +139,7 @@ func (h *handler) view(st *Status, err error, runs int, job string, q url.Values
 	counts := map[string]int{}
 	for _, in := range st.Instances {
 		iv := instanceView{ID: in.ID, Hue: hue(in.ID), State: in.State, Class: "b-" + in.State, LastSeen: at(in.LastSeen), Started: at(in.Started),
-			Offset: formatOffset(in.ClockOffset), Jobs: in.Jobs, Differs: in.Differs}
+			Offset: formatOffset(in.ClockOffset, in.OffsetError), Jobs: in.Jobs, Differs: in.Differs}
 		v.Instances = append(v.Instances, iv)
 		if in.State == "up" {
 			counts["instances"]++
@@ -161,14 +161,18 @@ func (h *handler) view(st *Status, err error, runs int, job string, q url.Values
 	for _, j := range st.Jobs {
 		jv := h.jobView(j, at)
 		counts[jv.State]++
+		if j.Paused {
+			counts["paused jobs"]++
+		}
+		counts["missed times"] += j.Missed
 		v.Jobs = append(v.Jobs, jv)
 	}
 	v.Summary = []chip{
 		{"jobs", len(st.Jobs), "b-neutral"},
-		{"running", counts["running"], "b-running"},
-		{"failed", counts["failed"], "b-failed"},
-		{"missed", counts["missed"], "b-missed"},
-		{"paused", counts["paused"], "b-paused"},
+		{"running now", counts["running"], "b-running"},
+		{"last run failed", counts["failed"], "b-failed"},
+		{"missed scheduled times", counts["missed times"], "b-missed"},
+		{"paused", counts["paused jobs"], "b-paused"},
 		{"instances up", counts["instances"], "b-up"},
 	}
 	return v
@@ -307,14 +311,19 @@ func formatDuration(d time.Duration) string {
 	return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
 }
 
-// formatOffset formats a clock offset with its sign: +250ms, -1.2s, 0ms.
-func formatOffset(d time.Duration) string {
+// formatOffset formats a clock offset with its sign and error: +250ms
+// ±2ms, -1.2s ±1ms, 0ms.
+func formatOffset(d, err time.Duration) string {
 	d = d.Round(time.Millisecond)
+	s := d.String()
 	switch {
 	case d == 0:
-		return "0ms"
+		s = "0ms"
 	case d > 0:
-		return "+" + d.String()
+		s = "+" + s
 	}
-	return d.String()
+	if err > 0 {
+		s += " ±" + err.Round(time.Millisecond).String()
+	}
+	return s
 }

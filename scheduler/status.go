@@ -138,9 +138,15 @@ type InstanceStatus struct {
 	// loop's start (its clock).
 	LastSeen time.Time `json:"last_seen"`
 	Started  time.Time `json:"started"`
-	// ClockOffset is its clock minus the nodes' at its last heartbeat,
-	// measured to within the one-way latency to the nodes.
+	// ClockOffset is its clock minus the nodes' (their median), as it
+	// measured it over its last 16 polls, from the one with the shortest
+	// round trip (as NTP picks its best sample); OffsetError bounds the
+	// measure's error (half that round trip, plus 1 ms: the nodes' time is
+	// in ms). Before its second poll, the offset is read from its first
+	// heartbeat, off by its wait to reach the nodes, and OffsetError is 0.
+	// In nanoseconds in JSON.
 	ClockOffset time.Duration `json:"clock_offset"`
+	OffsetError time.Duration `json:"clock_offset_error,omitempty"`
 	// Jobs is its number of jobs.
 	Jobs int `json:"jobs"`
 	// Settings are the settings it shows the others (TTL, misfire
@@ -266,6 +272,9 @@ func readInstances(replies []redlock.NodeReply, now time.Time) []InstanceStatus 
 		}
 		in := InstanceStatus{ID: id, State: "up", LastSeen: seen, Started: time.UnixMilli(e.Started),
 			ClockOffset: time.Duration(e.Clock-seen.UnixMilli()) * time.Millisecond, Jobs: e.Jobs, Settings: e.Settings}
+		if e.Offset != nil { // measured over its polls
+			in.ClockOffset, in.OffsetError = time.Duration(*e.Offset)*time.Microsecond, time.Duration(e.OffErr)*time.Microsecond
+		}
 		switch poll := time.Duration(max(e.Poll, 1)) * time.Millisecond; {
 		case e.Stopped:
 			in.State = "stopped"
