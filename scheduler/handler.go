@@ -102,12 +102,11 @@ const csrfCookie = "schedlock_csrf"
 
 // handler is the http.Handler of Scheduler.Handler.
 type handler struct {
-	s     *Scheduler
-	cfg   handlerConfig
-	runs  int // default runs per job
-	cop   *http.CrossOriginProtection
-	page  *template.Template
-	elect bool
+	s    *Scheduler
+	cfg  handlerConfig
+	runs int // default runs per job
+	cop  *http.CrossOriginProtection
+	page *template.Template
 }
 
 // Handler returns the fleet's status page (see the package's handler.go
@@ -145,7 +144,7 @@ func (s *Scheduler) Handler(opts ...HandlerOption) (http.Handler, error) {
 	if sc.runs < 1 || sc.runs > s.locker.cfg.history {
 		return nil, invalidf("run count %d (WithRuns) must be between 1 and the history length %d", sc.runs, s.locker.cfg.history)
 	}
-	return &handler{s: s, cfg: cfg, runs: sc.runs, cop: http.NewCrossOriginProtection(), page: pageTemplate, elect: len(sc.elections) > 0}, nil
+	return &handler{s: s, cfg: cfg, runs: sc.runs, cop: http.NewCrossOriginProtection(), page: pageTemplate}, nil
 }
 
 // ServeHTTP routes a request.
