@@ -159,6 +159,7 @@ type InstanceStatus struct {
 
 // ElectionStatus is one election of a Status (elector.Leadership).
 type ElectionStatus struct {
+	// Name is the election's name (elector.New).
 	Name string `json:"name"`
 	// Leader is the identity that holds the lease on a quorum of nodes,
 	// "" when none does; Unknown when failed nodes leave it unknown.
