@@ -243,18 +243,20 @@ func (s *Scheduler) startFleet() {
 	go f.run(ctx)
 }
 
-// stopFleet stops the fleet loop, if it runs, and waits for it and the
-// run-now requests it started; its last heartbeat says it stopped.
-func (s *Scheduler) stopFleet() {
+// stopFleet tells the fleet loop, if it runs, to stop, and returns a
+// function that waits for it and the run-now requests it started (its
+// last heartbeat, bounded by the node timeout, says it stopped), so that
+// gocron's shutdown need not wait for that.
+func (s *Scheduler) stopFleet() (wait func()) {
 	s.fleetMu.Lock()
 	f := s.fleet
 	s.fleet = nil
 	s.fleetMu.Unlock()
 	if f == nil {
-		return
+		return func() {}
 	}
 	f.cancel()
-	<-f.done
+	return func() { <-f.done }
 }
 
 // run polls until ctx ends.
@@ -457,18 +459,21 @@ func decodeAs[T gocron.JobSchedule](raw json.RawMessage) (gocron.JobSchedule, er
 	return s, nil
 }
 
+// controlTimeout is how long the fleet controls (Pause, Resume,
+// RequestRun) wait for each node: they are rare and asked by a person, so
+// a node slower than a lock round's node timeout should not refuse them.
+const controlTimeout = time.Second
+
 var lookupScript = redlock.NewScript(`-- Lookup: job ARGV[1]'s registry entry and run-now
 -- request. KEYS[1] the registry, KEYS[2] the requests (hashes).
 -- Reply: {entry or false, request or false}.
-return {redis.call('HGET', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1])}`)
+return {redis.call('HGET', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1])}`, redlock.WithScriptTimeout(controlTimeout))
 
 // lookup reads whether job is in the fleet's registry, and its latest
 // run-now request (Seq 0: none), from a quorum of nodes. Errors: an error
 // matching redlock.ErrUnavailable when fewer than a quorum answered.
 func (l *Locker) lookup(ctx context.Context, job string) (registered bool, req requestEntry, err error) {
-	rctx, cancel := context.WithTimeout(ctx, l.client.NodeTimeout())
-	defer cancel()
-	replies, err := l.client.Eval(rctx, lookupScript, []string{l.registryKey(), l.requestsKey()}, job)
+	replies, err := l.client.Eval(ctx, lookupScript, []string{l.registryKey(), l.requestsKey()}, job)
 	if err != nil {
 		return false, requestEntry{}, &textError{msg: fmt.Sprintf("scheduler: looking up job %q in the fleet's registry: %s", job, redlockText(err)), errs: []error{err}}
 	}

@@ -57,16 +57,14 @@ if old then
   if ov and ov >= v then v = ov + 1 end
 end
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', v) .. '|' .. ARGV[3])
-return v`)
+return v`, redlock.WithScriptTimeout(controlTimeout))
 
 // setPause writes job's pause on the nodes. Errors: an error matching
 // redlock.ErrUnavailable when fewer than a quorum of nodes took it.
 func (l *Locker) setPause(ctx context.Context, job string, paused bool) error {
 	now := l.cfg.clock.Now()
 	b, _ := json.Marshal(pauseEntry{Paused: paused, By: l.cfg.instance, At: now.UnixMilli()})
-	wctx, cancel := context.WithTimeout(ctx, l.client.NodeTimeout())
-	defer cancel()
-	if _, err := l.client.Eval(wctx, pauseScript, []string{l.pausedKey()}, job, now.UnixMilli(), string(b)); err != nil {
+	if _, err := l.client.Eval(ctx, pauseScript, []string{l.pausedKey()}, job, now.UnixMilli(), string(b)); err != nil {
 		what := "pausing"
 		if !paused {
 			what = "resuming"
@@ -204,8 +202,9 @@ func (l *Locker) skipPaused(ctx context.Context, span trace.Span, job string, c 
 // job's scheduled times are taken and skipped, recorded as paused in the
 // run record (outcome "paused"), until Resume. A run in progress goes on;
 // manual runs (Job.RunNow, RequestRun) still run. It writes the pause on
-// a quorum of nodes, in one round after a lookup round, each bounded by
-// the node timeout. Pausing a paused job changes nothing. Errors: an
+// a quorum of nodes, in one round after a lookup round, each waiting up
+// to 1 s for a node (ctx bounds both). Pausing a paused job changes
+// nothing. Errors: an
 // error matching ErrUnknownJob when no instance has registered job (see
 // Status) and this Scheduler has no such job; an error matching
 // redlock.ErrUnavailable when fewer than a quorum of nodes answered (the

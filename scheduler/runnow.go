@@ -70,7 +70,7 @@ if old then
   if state == 'pending' and now - tonumber(at) < tonumber(ARGV[2]) then return {0, old} end
 end
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now) .. '|pending|' .. ARGV[3] .. '|' .. ARGV[4])
-return {1}`)
+return {1}`, redlock.WithScriptTimeout(controlTimeout))
 	answerScript = redlock.NewScript(`-- Answer: set the state of job ARGV[1]'s request of
 -- sequence number ARGV[2] to ARGV[3], with the entry ARGV[4].
 -- KEYS[1] the requests (a hash). Reply: 1 written, 0 not there.
@@ -159,9 +159,7 @@ func nodeTime(replies []redlock.NodeReply, i int) time.Time {
 // nodes took it.
 func (l *Locker) requestRun(ctx context.Context, job string, seq int64) error {
 	b, _ := json.Marshal(requestEntry{By: l.cfg.instance, Asked: l.cfg.clock.Now().UnixMilli()})
-	wctx, cancel := context.WithTimeout(ctx, l.client.NodeTimeout())
-	defer cancel()
-	replies, err := l.client.Eval(wctx, requestScript, []string{l.requestsKey()}, job, requestLife.Milliseconds(),
+	replies, err := l.client.Eval(ctx, requestScript, []string{l.requestsKey()}, job, requestLife.Milliseconds(),
 		strconv.FormatInt(seq, 10), string(b))
 	for _, r := range replies {
 		if r.Err != nil {
@@ -250,7 +248,8 @@ func (s *Scheduler) runRequested(ctx context.Context, job string, r requestEntry
 // scheduled time taken, recorded as manual), also while the job is
 // paused. It returns once the request is on a quorum of nodes, not when
 // the run starts: Status shows the request's fate (JobStatus.RunNow), and
-// the run record the run. A request that no instance takes within 30 s
+// the run record the run. Its two rounds (a lookup, the write) wait up to
+// 1 s for each node; ctx bounds both. A request that no instance takes within 30 s
 // expires. Errors: ErrRequestPending when an earlier request of the job
 // still waits (nothing written); ErrUnknownJob as for Pause; an error
 // matching redlock.ErrUnavailable when fewer than a quorum of nodes

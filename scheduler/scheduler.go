@@ -260,30 +260,35 @@ func (s *Scheduler) Start() {
 	}
 }
 
-// Shutdown stops the fleet loop (its last heartbeat says this instance
-// stopped; a run-now request it took is waited for), then shuts gocron
-// down (gocron's Shutdown).
+// Shutdown tells the fleet loop to stop, shuts gocron down (gocron's
+// Shutdown), and returns once the fleet loop has ended too: its last
+// heartbeat, bounded by the node timeout, says this instance stopped, and
+// a run-now request it took has had its answer.
 func (s *Scheduler) Shutdown() error {
-	s.stopFleet()
+	wait := s.stopFleet()
+	defer wait()
 	return s.Scheduler.Shutdown()
 }
 
 // ShutdownWithContext is Shutdown with gocron's ShutdownWithContext.
 func (s *Scheduler) ShutdownWithContext(ctx context.Context) error {
-	s.stopFleet()
+	wait := s.stopFleet()
+	defer wait()
 	return s.Scheduler.ShutdownWithContext(ctx)
 }
 
-// StopJobs stops the fleet loop, as Shutdown does, then calls gocron's
-// StopJobs; Start starts both again.
+// StopJobs stops the fleet loop and gocron's jobs (gocron's StopJobs), as
+// Shutdown does; Start starts both again.
 func (s *Scheduler) StopJobs() error {
-	s.stopFleet()
+	wait := s.stopFleet()
+	defer wait()
 	return s.Scheduler.StopJobs()
 }
 
 // StopJobsWithContext is StopJobs with gocron's StopJobsWithContext.
 func (s *Scheduler) StopJobsWithContext(ctx context.Context) error {
-	s.stopFleet()
+	wait := s.stopFleet()
+	defer wait()
 	return s.Scheduler.StopJobsWithContext(ctx)
 }
 
