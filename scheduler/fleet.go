@@ -240,6 +240,7 @@ func (s *Scheduler) startFleet() {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fleetLoop{s: s, cancel: cancel, done: make(chan struct{})}
 	s.fleet = f
+	s.locker.watch(1) // from now on, Locks leave reading the pauses to the loop
 	go f.run(ctx)
 }
 
@@ -263,7 +264,6 @@ func (s *Scheduler) stopFleet() (wait func()) {
 func (f *fleetLoop) run(ctx context.Context) {
 	defer close(f.done)
 	l := f.s.locker
-	l.watch(1)
 	defer l.watch(-1)
 	started := l.cfg.clock.Now().UnixMilli()
 	var registered uint64
