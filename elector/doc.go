@@ -27,6 +27,11 @@
 // lease), so the next candidate leads within its retry period instead of
 // after the TTL.
 //
+// As its term starts, a leader also records its identity and term, and the
+// nodes' time, in a hash at the key prefix itself; Leaderships reads the
+// leader, term and start of term of many elections in one round, for
+// status pages (scheduler.Status with scheduler.WithElections).
+//
 // # Timing
 //
 //	lease TTL (10 s)  >=  2 x renew interval (TTL/3)  ;  retry period (1 s) < TTL

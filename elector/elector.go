@@ -467,6 +467,7 @@ func (e *Elector) lead(ctx context.Context, lease *redlock.Lock, campaign trace.
 			}
 		}
 	}()
+	e.writeTerm(lctx, term) // for status pages (Leaderships)
 	<-lctx.Done()
 	lost := stop()
 	if lost == nil && kctx.Err() == nil { // IsLeader found the deadline passed

@@ -14,11 +14,36 @@ import (
 // Script is a Lua script for Client.Eval. Its SHA1 is computed once, by
 // NewScript; it goes to a node as EVALSHA, and as EVAL where the node does
 // not know it yet. Safe for concurrent use.
-type Script struct{ s *node.Script }
+type Script struct {
+	s       *node.Script
+	timeout time.Duration // WithScriptTimeout; 0: the Client's node timeout
+}
+
+// ScriptOption configures NewScript.
+type ScriptOption func(*Script)
+
+// WithScriptTimeout makes Client.Eval wait up to d for each node's answer
+// to this script, instead of the Client's node timeout (WithNodeTimeout):
+// for a script whose reply is large (a status page reading the records of
+// a thousand jobs), which a node timeout made for lock rounds would cut
+// short. Eval still returns as soon as a quorum answered; ctx still
+// bounds it. Default: the Client's node timeout; d <= 0 means the
+// default.
+func WithScriptTimeout(d time.Duration) ScriptOption {
+	return func(s *Script) { s.timeout = max(d, 0) }
+}
 
 // NewScript returns the script of Lua source src (redis.io "Scripting
 // with Lua").
-func NewScript(src string) *Script { return &Script{s: node.NewScript(src)} }
+func NewScript(src string, opts ...ScriptOption) *Script {
+	s := &Script{s: node.NewScript(src)}
+	for _, o := range opts {
+		if o != nil {
+			o(s)
+		}
+	}
+	return s
+}
 
 // NodeReply is one node's answer to Client.Eval.
 type NodeReply struct {
@@ -40,7 +65,7 @@ type NodeReply struct {
 // returns every node's reply in node order as soon as a quorum of nodes
 // answered (the others' calls still go out; their NodeReply says they
 // were not waited for), or when a quorum can no longer answer, or at the
-// node timeout. It is the way to keep data of one's own beside the locks,
+// node timeout (the script's own, WithScriptTimeout). It is the way to keep data of one's own beside the locks,
 // on the same nodes and through the same connections (the scheduler's run
 // record): a write reaches each node that answers; a read merges what a
 // quorum of nodes says. The script must follow the rules of Redis scripts
@@ -64,7 +89,7 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 		}
 		prefixed[i] = c.cfg.keyPrefix + k
 	}
-	rs := c.round(ctx, roundSpec{op: "eval", script: s.s, keys: prefixed, args: args, parse: parseEval})
+	rs := c.round(ctx, roundSpec{op: "eval", timeout: s.timeout, script: s.s, keys: prefixed, args: args, parse: parseEval})
 	out := make([]NodeReply, len(rs))
 	for i, r := range rs {
 		out[i] = NodeReply{Node: r.Node, Addr: r.Addr, Val: r.val, Err: r.Err}

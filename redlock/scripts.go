@@ -25,6 +25,8 @@ var (
 	releaseSrc string
 	//go:embed scripts/abandon.lua
 	abandonSrc string
+	//go:embed scripts/holders.lua
+	holdersSrc string
 
 	acquireScript = node.NewScript(acquireSrc)
 	fenceScript   = node.NewScript(fenceSrc)
@@ -33,4 +35,5 @@ var (
 	extendScript  = node.NewScript(extendSrc)
 	releaseScript = node.NewScript(releaseSrc)
 	abandonScript = node.NewScript(abandonSrc)
+	holdersScript = node.NewScript(holdersSrc)
 )

@@ -88,6 +88,19 @@
 // WithHistoryLength), which Scheduler.History reads from any instance:
 // scheduled time, instance, start, end, outcome and error.
 //
+// # The fleet: status, pause, run now
+//
+// From Start to Shutdown, a Scheduler's fleet loop writes its heartbeat
+// (instance ID, clock, settings) and its jobs' registry (names and
+// schedules) to the nodes, and reads the fleet's pauses and run-now
+// requests every fleet poll (WithFleetPoll, 1 s). Scheduler.Status reads
+// all of it, with every job's run record and run lock, in two rounds per
+// node whatever the number of jobs; Handler serves it as a web page and
+// JSON. Pause and Resume stop and restart a job's scheduled times on every
+// instance (each recorded once as paused meanwhile: ErrPaused);
+// RequestRun runs a job once, now, on one instance (a manual run).
+// docs/scheduling.md says how fast each takes effect.
+//
 // # Lost locks
 //
 // gocron hands the same context to Lock and to a task whose first parameter

@@ -58,6 +58,22 @@ var (
 	// interval of 1.
 	ErrUnsharedSchedule = errors.New("scheduler: the job's scheduled times differ between instances")
 
+	// ErrPaused matches a Lock of a scheduled time of a job paused across
+	// the fleet (Scheduler.Pause, the status page): the instance took the
+	// scheduled time, recorded it as paused and did not run the job. It is
+	// not a failure; Scheduler.Resume ends the pause.
+	ErrPaused = errors.New("scheduler: job paused")
+
+	// ErrUnknownJob matches a fleet control (Pause, Resume, RequestRun)
+	// or a status read of a job that no instance has registered (the
+	// fleet's job registry: Scheduler.Status).
+	ErrUnknownJob = errors.New("scheduler: no instance has the job")
+
+	// ErrRequestPending matches a RequestRun of a job whose earlier
+	// run-now request still waits for an instance to take it: nothing is
+	// written; try again once it was taken or expired (30 s).
+	ErrRequestPending = errors.New("scheduler: a run-now request of the job is pending")
+
 	// ErrDuplicateName matches a job given, by NewJob or Update, a name
 	// that another job of the same Scheduler has: both would share one
 	// run lock and one record of scheduled times.

@@ -71,6 +71,10 @@ func TestLockerOptionTexts(t *testing.T) {
 			"scheduler: invalid argument: history length 0 (WithHistoryLength) must be between 1 and 10000"},
 		{"short retention", c, []scheduler.LockerOption{scheduler.WithRecordRetention(time.Second)},
 			"scheduler: invalid argument: record retention 1s (WithRecordRetention) is below the misfire threshold 1m0s"},
+		{"fast fleet poll", c, []scheduler.LockerOption{scheduler.WithFleetPoll(time.Millisecond)},
+			"scheduler: invalid argument: fleet poll 1ms (WithFleetPoll) must be between 10ms and 1m"},
+		{"slow fleet poll", c, []scheduler.LockerOption{scheduler.WithFleetPoll(time.Hour)},
+			"scheduler: invalid argument: fleet poll 1h0m0s (WithFleetPoll) must be between 10ms and 1m"},
 		{"nil option", c, []scheduler.LockerOption{scheduler.WithTTL(time.Second), nil},
 			"scheduler: invalid argument: LockerOption 2 of 2 is nil"},
 	}

@@ -56,10 +56,15 @@ type Locker struct {
 	warnings *warnings
 	nonce    string // tells this Locker's records from another process's with the same instance ID
 
-	mu     sync.Mutex
-	runs   map[context.Context]*runLock // by the job ctx gocron passes to Lock and the task
-	jobs   map[string]*jobState
-	follow gocron.Scheduler // Follow's, or nil
+	pauseRead chan struct{} // a slot: one read of the pauses at a time (readPausesNow)
+
+	mu          sync.Mutex
+	runs        map[context.Context]*runLock // by the job ctx gocron passes to Lock and the task
+	jobs        map[string]*jobState
+	follow      gocron.Scheduler      // Follow's, or nil
+	pauses      map[string]pauseEntry // the fleet's pauses as last read (pause.go)
+	pausesTried time.Time             // the last read a Lock tried (readPausesNow)
+	watchers    int                   // fleet loops running that keep pauses read
 }
 
 // NewLocker returns a Locker that takes its locks through client. It
@@ -82,6 +87,7 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		misfire:     DefaultMisfireThreshold,
 		history:     DefaultHistoryLength,
 		retention:   DefaultRecordRetention,
+		poll:        DefaultFleetPoll,
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -121,15 +127,16 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		return nil, fmt.Errorf("scheduler: creating the OpenTelemetry instruments: %w", err)
 	}
 	return &Locker{
-		client:   client,
-		cfg:      cfg,
-		log:      log,
-		tracer:   tp.Tracer(tracing.ScopeScheduler, trace.WithInstrumentationVersion(tracing.Version)),
-		runCount: runs,
-		warnings: warns,
-		nonce:    fmt.Sprintf("%08x", rand.Uint32()),
-		runs:     make(map[context.Context]*runLock),
-		jobs:     make(map[string]*jobState),
+		client:    client,
+		cfg:       cfg,
+		log:       log,
+		tracer:    tp.Tracer(tracing.ScopeScheduler, trace.WithInstrumentationVersion(tracing.Version)),
+		runCount:  runs,
+		warnings:  warns,
+		nonce:     fmt.Sprintf("%08x", rand.Uint32()),
+		runs:      make(map[context.Context]*runLock),
+		jobs:      make(map[string]*jobState),
+		pauseRead: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -148,6 +155,8 @@ func (cfg *lockerConfig) validate(client *redlock.Client) error {
 		return invalidf("lock jitter %v (WithLockJitter) is negative", cfg.jitter)
 	case cfg.instanceSet && cfg.instance == "":
 		return invalidf("instance ID (WithInstanceID) is empty")
+	case cfg.poll < 10*time.Millisecond || cfg.poll > time.Minute:
+		return invalidf("fleet poll %v (WithFleetPoll) must be between 10ms and 1m", cfg.poll)
 	case len(cfg.instance) > maxInstance:
 		return invalidf("instance ID (WithInstanceID) is %d bytes, more than the maximum %d", len(cfg.instance), maxInstance)
 	}
@@ -310,7 +319,9 @@ func (l *Locker) Follow(s gocron.Scheduler) {
 // timeout; an error matching redlock.ErrMisconfigured, at once, when too
 // many nodes answered with an error an operator must fix (its text names
 // the nodes and the fix); ErrStopped, with ctx's cause, when ctx ended (gocron stopped
-// the job), never ErrUnavailable then; ErrUnstableName, for every run, for
+// the job), never ErrUnavailable then; ErrPaused for a scheduled time of a
+// job paused across the fleet (taken, recorded as paused, not run: see
+// Scheduler.Pause); ErrUnstableName, for every run, for
 // an empty name or gocron's default name of an unnamed function, and
 // redlock.ErrInvalidArgument for a name with a NUL byte.
 // Lock never returns (nil, nil).
@@ -322,6 +333,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		l.skipped(ctx, span, key, err)
 		return nil, err
 	}
+	paused := l.paused(ctx, key)
 	c, err := l.claim(key, now)
 	sctx, span := l.startSpan(ctx, key, c)
 	if err != nil {
@@ -332,6 +344,11 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if err != nil {
 		l.done(key, nil)
 		l.skipped(ctx, span, key, err)
+		c.answer(err)
+		return nil, err
+	}
+	if paused && c.kind != kindManual {
+		err := l.skipPaused(ctx, span, key, c, run, now)
 		c.answer(err)
 		return nil, err
 	}
@@ -493,6 +510,8 @@ func outcomeOf(err error) string {
 		return tracing.OutcomeSkippedHeld
 	case errors.Is(err, ErrLate):
 		return tracing.OutcomeSkippedLate
+	case errors.Is(err, ErrPaused):
+		return tracing.OutcomeSkippedPaused
 	case errors.Is(err, ErrUnstableName) || errors.Is(err, redlock.ErrInvalidArgument):
 		return tracing.OutcomeSkippedMisconfigured
 	}

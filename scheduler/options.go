@@ -66,6 +66,7 @@ type lockerConfig struct {
 	onLost      func(job string, err error)
 	instance    string
 	instanceSet bool // WithInstanceID given: no default identity drawn
+	poll        time.Duration
 	tracer      trace.TracerProvider
 	meter       metric.MeterProvider
 }

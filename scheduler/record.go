@@ -43,7 +43,9 @@ type Run struct {
 	// Outcome is "ok", "failed" (the task returned an error or
 	// panicked, as gocron reports it), "lost" (the run's lock was lost),
 	// "ended" (a Locker without the Scheduler's monitor: outcome not
-	// known), "missed" or "late".
+	// known), "missed", "late" or "paused" (a scheduled time of a job
+	// paused across the fleet: taken by Instance, not run; see
+	// Scheduler.Pause).
 	Outcome string `json:"outcome"`
 	// Error is the task's error or the reason for a late skip, at most
 	// maxErrorText bytes.

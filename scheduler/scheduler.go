@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
@@ -54,6 +55,19 @@ type Scheduler struct {
 	// with names long gone.
 	names   map[string]uuid.UUID
 	indexed int
+
+	// jobsVersion counts the changes NewJob and Update made to the jobs:
+	// the fleet loop writes the registry again when it moved.
+	jobsVersion atomic.Uint64
+
+	fleetMu sync.Mutex
+	fleet   *fleetLoop // running from Start to Shutdown or StopJobs; nil otherwise
+
+	fingerMu   sync.Mutex // guards the cache of jobSet
+	jobList    []string
+	finger     string
+	fingerAt   uint64
+	fingerTime time.Time
 }
 
 // Option configures New.
@@ -219,12 +233,16 @@ func (s *Scheduler) Jobs() []gocron.Job {
 	return jobs
 }
 
-// Start is gocron's Start; then, with WithCatchUp, it asks for a catch-up
-// run of each job whose latest scheduled time is within the catch-up
-// window (WithCatchUp), which runs once across the fleet unless an
-// instance ran that scheduled time.
+// Start is gocron's Start, and it starts the Scheduler's fleet loop
+// (WithFleetPoll): this instance's heartbeat and its jobs' registry on the
+// nodes (what Status shows), and the fleet's pauses and run-now requests
+// (Pause, RequestRun), read every poll. Then, with WithCatchUp, it asks
+// for a catch-up run of each job whose latest scheduled time is within the
+// catch-up window (WithCatchUp), which runs once across the fleet unless
+// an instance ran that scheduled time.
 func (s *Scheduler) Start() {
 	s.Scheduler.Start()
+	s.startFleet()
 	if s.locker.cfg.catchUp <= 0 {
 		return
 	}
@@ -240,6 +258,48 @@ func (s *Scheduler) Start() {
 			s.locker.log.Warn("scheduler: gocron refused a catch-up run", "job", j.Name(), "scheduled", at, "err", err)
 		}
 	}
+}
+
+// Shutdown tells the fleet loop to stop, shuts gocron down (gocron's
+// Shutdown), and returns once the fleet loop has ended too: its last
+// heartbeat, bounded by the node timeout, says this instance stopped, and
+// a run-now request it took has had its answer.
+func (s *Scheduler) Shutdown() error {
+	wait := s.stopFleet()
+	defer wait()
+	return s.Scheduler.Shutdown()
+}
+
+// ShutdownWithContext is Shutdown with gocron's ShutdownWithContext.
+func (s *Scheduler) ShutdownWithContext(ctx context.Context) error {
+	wait := s.stopFleet()
+	defer wait()
+	return s.Scheduler.ShutdownWithContext(ctx)
+}
+
+// StopJobs stops the fleet loop and gocron's jobs (gocron's StopJobs), as
+// Shutdown does; Start starts both again.
+func (s *Scheduler) StopJobs() error {
+	wait := s.stopFleet()
+	defer wait()
+	return s.Scheduler.StopJobs()
+}
+
+// StopJobsWithContext is StopJobs with gocron's StopJobsWithContext.
+func (s *Scheduler) StopJobsWithContext(ctx context.Context) error {
+	wait := s.stopFleet()
+	defer wait()
+	return s.Scheduler.StopJobsWithContext(ctx)
+}
+
+// job returns the Scheduler's job named name, or nil.
+func (s *Scheduler) job(name string) *Job {
+	for _, j := range s.Scheduler.Jobs() {
+		if j.Name() == name {
+			return &Job{Job: j, s: s}
+		}
+	}
+	return nil
 }
 
 // Job is a gocron.Job of a Scheduler: RunNow runs it as a manual run.
@@ -261,7 +321,11 @@ type Job struct {
 // runs here in singleton or limit reschedule mode, and the next run of the
 // job that starts before that wait ends runs as the manual one. Safe for
 // concurrent use.
-func (j *Job) RunNow() error {
+func (j *Job) RunNow() error { return j.runNow(context.Background()) }
+
+// runNow is RunNow, cut short (the request withdrawn, if no Lock took it
+// yet) when ctx ends.
+func (j *Job) runNow(ctx context.Context) error {
 	l := j.s.locker
 	r := l.request(j.Name(), time.Time{})
 	if err := j.Job.RunNow(); err != nil {
@@ -276,6 +340,9 @@ func (j *Job) RunNow() error {
 	case <-t.C:
 		l.cancel(j.Name(), r) // still queued in gocron, or dropped by it
 		return nil
+	case <-ctx.Done():
+		l.cancel(j.Name(), r)
+		return context.Cause(ctx)
 	}
 }
 
@@ -299,6 +366,7 @@ func (s *Scheduler) settle(j gocron.Job, def gocron.JobDefinition, task gocron.T
 		return fail(err)
 	}
 	s.locker.setTimetable(name, tt)
+	s.jobsVersion.Add(1)
 	d, ok := tt.(grid)
 	if !ok {
 		return &Job{Job: j, s: s}, nil

@@ -269,6 +269,7 @@ const (
 	errStopped              // gocron stopped the job
 	errOrphan               // an own failed attempt's run lock blocks the job
 	errMisconfigured        // too many nodes answered that they are misconfigured
+	errPaused               // the job is paused: taken and skipped
 )
 
 // runError is the error of a Lock that did not run its job. Its message
@@ -326,6 +327,8 @@ func (e *runError) Error() string {
 		return head + fmt.Sprintf(" skipped: too late: %q already ran the later scheduled time %s", e.holder, e.taken.Format(time.RFC3339Nano))
 	case errLate:
 		return head + " skipped: too late: " + e.reason
+	case errPaused:
+		return head + " skipped: the job is paused across the fleet (Scheduler.Resume or the status page resumes it)"
 	case errOrphan:
 		return head + " skipped: a run lock or record that an earlier failed attempt of this instance left on the nodes blocks it, and deleting it failed: " + redlockText(e.err)
 	}
@@ -348,6 +351,8 @@ func (e *runError) Unwrap() []error {
 		return []error{ErrLate}
 	case e.kind == errOrphan:
 		return []error{redlock.ErrUnavailable, e.err}
+	case e.kind == errPaused:
+		return []error{ErrPaused}
 	}
 	return []error{e.err}
 }

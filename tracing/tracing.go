@@ -198,6 +198,10 @@ const (
 	// OutcomeSkippedStopped: gocron stopped the job (Shutdown, RemoveJob,
 	// Update, StopJobs) while its lock was being taken.
 	OutcomeSkippedStopped = "skipped_stopped"
+	// OutcomeSkippedPaused: the job was paused across the fleet
+	// (scheduler.Scheduler.Pause, the status page); the scheduled time
+	// was taken and recorded as paused, and the job did not run.
+	OutcomeSkippedPaused = "skipped_paused"
 	// OutcomeSkippedMisconfigured: the job cannot run exactly once as
 	// configured (an unstable name: ErrUnstableName), or a node needs an
 	// operator's fix.

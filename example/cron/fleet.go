@@ -60,6 +60,15 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 		return err
 	}
 
+	if cfg.status != "" {
+		url, stop, err := serveStatus(cfg.status, nodes.Addrs)
+		if err != nil {
+			return err
+		}
+		defer stop() // before the nodes close
+		fmt.Fprintf(stdout, "Status page of the fleet: %s (fleet controls on; -duration keeps it up longer)\n", url)
+	}
+
 	offsets := make([]time.Duration, cfg.instances)
 	for i := range offsets {
 		offsets[i] = cfg.offset(i)
@@ -85,7 +94,13 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 	// where every instance was running.
 	lo, hi := slices.Min(offsets), slices.Max(offsets)
 	from, to := start.Add(judgeFrom+hi), end.Add(-judgeUntil+lo)
-	err = rec.summarize(stdout, from, to, stats)
+	var ex excuses
+	if cfg.status != "" { // the page's pauses and runs now are not failures
+		if ex, err = readExcuses(ctx, nodes.Addrs); err != nil {
+			return err
+		}
+	}
+	err = rec.summarize(stdout, from, to, stats, ex)
 	if perr := printRecord(ctx, stdout, nodes.Addrs, from, to); perr != nil && err == nil {
 		err = perr
 	}

@@ -41,6 +41,16 @@
 //	                      process: one child process per instance
 //	-kill-one             process mode: SIGKILL one instance half-way
 //	                      through; the others must still run its ticks
+//	-status host:port     serve the fleet's status page there while it
+//	                      runs (scheduler.Handler, controls on), and
+//	                      print its URL; -duration keeps it up longer
+//
+// With -status, the page shows every job, who ran each scheduled time,
+// the instances' clock offsets; its Pause, Resume and Run now buttons act
+// on the fleet, and the summary counts the ticks skipped while paused
+// and the manual runs apart from misses and off-grid runs:
+//
+//	go run ./example/cron -status 127.0.0.1:8080 -duration 10m
 //
 // In process mode the program starts the Redis nodes itself (unless -redis is
 // given), then runs its own binary once per instance with hidden flags. Each
@@ -113,6 +123,7 @@ type config struct {
 	ttl       time.Duration   // -ttl; 0: the scheduler's default
 	mode      string          // -mode: "inproc" or "process"
 	killOne   bool            // -kill-one
+	status    string          // -status: serve the status page here; "" none
 	childID   int             // hidden -child-id: >= 0 in a child process
 }
 
@@ -168,6 +179,7 @@ func parseConfig(args []string, stdout io.Writer) (config, error) {
 	fs.DurationVar(&cfg.ttl, "ttl", 0, "lock TTL of a running job (0: the scheduler's default, 10s)")
 	fs.StringVar(&cfg.mode, "mode", "inproc", "`inproc|process`: all instances in this process, or one child process per instance")
 	fs.BoolVar(&cfg.killOne, "kill-one", false, "process mode: SIGKILL one instance half-way through")
+	fs.StringVar(&cfg.status, "status", "", "serve the fleet's status page on `host:port` (e.g. 127.0.0.1:8080) while it runs, with its controls on")
 	fs.IntVar(&cfg.childID, "child-id", -1, "internal: run as child process for this instance")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -53,10 +53,54 @@ func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time
 	return tw.Flush()
 }
 
+// readExcuses reads from the run record the ticks that the status page's
+// pause skipped and its manual runs, by job and instance (instance-N).
+func readExcuses(ctx context.Context, addrs []string) (excuses, error) {
+	ex := excuses{paused: map[string]map[int64]bool{}, manual: map[string]map[int]int{}}
+	nodes := make([]redis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
+	}
+	defer func() {
+		for _, n := range nodes {
+			_ = n.Close()
+		}
+	}()
+	locks, err := redlock.New(nodes)
+	if err != nil {
+		return ex, err
+	}
+	defer locks.Close(context.Background())
+	reader, err := scheduler.NewLocker(locks, scheduler.WithInstanceID("reader"))
+	if err != nil {
+		return ex, err
+	}
+	for _, j := range jobs {
+		runs, err := reader.History(ctx, j.name, scheduler.DefaultHistoryLength)
+		if err != nil {
+			return ex, fmt.Errorf("reading the run record of %s: %w", j.name, err)
+		}
+		ex.paused[j.name], ex.manual[j.name] = map[int64]bool{}, map[int]int{}
+		for _, r := range runs {
+			var i int
+			switch {
+			case r.Outcome == "paused":
+				ex.paused[j.name][r.Scheduled.UnixNano()] = true
+			case r.Kind == "manual":
+				if _, err := fmt.Sscanf(r.Instance, "instance-%d", &i); err == nil {
+					ex.manual[j.name][i]++
+				}
+			}
+		}
+	}
+	return ex, nil
+}
+
 // recordSummary counts a job's run record over a window of scheduled
 // times.
 type recordSummary struct {
 	ran, missed, late, failed int
+	paused                    int
 	instances                 map[string]int
 	latest                    string
 }
@@ -72,6 +116,10 @@ func summarizeRecord(runs []scheduler.Run, from, to time.Time) recordSummary {
 		}
 		switch r.Kind {
 		case "scheduled", "catch-up":
+			if r.Outcome == "paused" {
+				s.paused++
+				continue
+			}
 			s.ran++
 			s.instances[r.Instance]++
 			if r.Outcome == "failed" || r.Outcome == "lost" {

@@ -49,13 +49,16 @@ func (r *recorder) printf(format string, args ...any) {
 
 // summarize judges the runs of ticks from..to and prints the summary to w.
 // It returns an error when a tick ran twice or not at all.
-func (r *recorder) summarize(w io.Writer, from, to time.Time, stats []instanceStats) error {
+// Ticks paused through the status page and its manual runs (ex) are
+// neither missed nor off the grid.
+func (r *recorder) summarize(w io.Writer, from, to time.Time, stats []instanceStats, ex excuses) error {
 	r.mu.Lock()
 	runs := slices.Clone(r.runs)
 	r.mu.Unlock()
 	verdicts := make([]verdict, len(jobs))
 	for i, j := range jobs {
 		verdicts[i] = judge(runs, j, len(r.offsets), from, to)
+		verdicts[i].excuse(ex)
 	}
 	return printSummary(w, verdicts, runs, stats, r.offsets, from, to)
 }
@@ -69,6 +72,40 @@ type verdict struct {
 	missed      []time.Time // expected ticks that never ran
 	offGrid     []tickRuns  // runs of ticks that are not on the job's grid
 	perInstance []int       // runs in the window, by instance
+	paused      int         // ticks the run record has as paused (not missed)
+	manual      int         // manual runs (run now), off the grid by design
+}
+
+// excuses are what the run record says of runs the status page asked
+// for: the ticks skipped while a job was paused, and the manual runs of
+// each job and instance.
+type excuses struct {
+	paused map[string]map[int64]bool // job -> tick (Unix ns)
+	manual map[string]map[int]int    // job -> instance -> manual runs
+}
+
+// excuse moves the paused ticks out of v's misses and the manual runs
+// out of its off-grid runs.
+func (v *verdict) excuse(ex excuses) {
+	v.missed = slices.DeleteFunc(v.missed, func(t time.Time) bool {
+		if ex.paused[v.job.name][t.UnixNano()] {
+			v.paused++
+			return true
+		}
+		return false
+	})
+	manual := map[int]int{}
+	for i, n := range ex.manual[v.job.name] {
+		manual[i] = n
+	}
+	v.offGrid = slices.DeleteFunc(v.offGrid, func(o tickRuns) bool {
+		if len(o.instances) == 1 && manual[o.instances[0]] > 0 {
+			manual[o.instances[0]]--
+			v.manual++
+			return true
+		}
+		return false
+	})
 }
 
 // tickRuns is a tick and the instances that ran it.
@@ -171,6 +208,11 @@ func printSummary(w io.Writer, verdicts []verdict, runs []jobRun, stats []instan
 	for _, s := range stats {
 		if s.FirstError != "" {
 			fmt.Fprintf(w, "instance %d, first lock error: %s\n", s.Instance, s.FirstError)
+		}
+	}
+	for _, v := range verdicts {
+		if v.paused+v.manual > 0 {
+			fmt.Fprintf(w, "%s: %d tick(s) skipped while paused, %d manual run(s), through the status page.\n", v.job.name, v.paused, v.manual)
 		}
 	}
 	fmt.Fprintln(w, "\nThe instance that fires first (its clock furthest ahead) usually takes the tick; the others find it held.")

@@ -68,6 +68,7 @@ var fragmentImports = []struct{ path, use string }{
 	{"fmt", "fmt.Sprint"},
 	{"log", "log.Print"},
 	{"log/slog", "slog.Info"},
+	{"net/http", "http.NewServeMux"},
 	{"os", "os.ReadFile"},
 	{"time", "time.Second"},
 	{"github.com/google/uuid", "uuid.New"},
@@ -82,8 +83,9 @@ var fragmentImports = []struct{ path, use string }{
 
 // fragmentPrelude declares what the docs' fragments take as given: a ctx,
 // the redlock Client of the quick start (locks), its Scheduler (s), the
-// go-redis clients of the nodes (nodes), an err to assign to, and the
-// user's own functions.
+// go-redis clients of the nodes (nodes), an err to assign to, the
+// application's HTTP mux and authentication middleware, and the user's own
+// functions.
 const fragmentPrelude = `
 var (
 	ctx   = context.Background()
@@ -91,7 +93,10 @@ var (
 	s     *scheduler.Scheduler
 	nodes []redis.UniversalClient
 	err   error
+	mux   = http.NewServeMux()
 )
+
+func requireAdmin(h http.Handler) http.Handler { return h }
 
 func buildReport(context.Context) error { return nil }
 
