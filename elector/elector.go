@@ -356,6 +356,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	defer e.running.Store(false)
+	var misconfigLogged time.Time
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -390,7 +391,15 @@ func (e *Elector) Run(ctx context.Context) error {
 		if errors.Is(err, redlock.ErrClosed) {
 			return &textError{msg: fmt.Sprintf("elector: campaign for %q stopped: the redlock client is closed", e.name), errs: []error{err}}
 		}
-		if ctx.Err() == nil && (!errors.Is(err, redlock.ErrNotAcquired) || errors.Is(err, redlock.ErrMisconfigured)) {
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, redlock.ErrMisconfigured):
+			// It lasts until an operator acts: once a minute, not at every retry.
+			if time.Since(misconfigLogged) >= time.Minute {
+				misconfigLogged = time.Now()
+				e.log.Warn("elector: campaign failed (logged at most once a minute while the nodes are misconfigured)", "election", e.name, "err", err)
+			}
+		case !errors.Is(err, redlock.ErrNotAcquired):
 			e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
 		}
 		wait := e.cfg.retry + rand.N(e.cfg.retry/10+1)

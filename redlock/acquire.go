@@ -49,6 +49,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	w := c.wake.waiter(l)
 	defer func() { w.stop(err == nil) }()
 	var last *QuorumError
+	splits := 0 // split votes in a row
 	for attempts = 1; ; attempts++ {
 		if c.closed.Load() {
 			l.end()
@@ -68,8 +69,13 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 		}
 		last = q
 		d := policy.NextBackOff()
-		if d != backoff.Stop && splitVote(q) {
-			d = min(d, splitDelay()) // the resource is free: retry soon, at a random moment
+		if splitVote(q) {
+			splits++
+		} else {
+			splits = 0
+		}
+		if d != backoff.Stop && splits > 0 {
+			d = min(d, splitDelay(splits)) // the resource is free: retry soon, at a random moment
 		}
 		if d == backoff.Stop {
 			l.end()
@@ -358,24 +364,36 @@ func refusal(v string, expires time.Duration, resource string) NodeResult {
 		value: unmarked(v)}
 }
 
-// maxSplitDelay bounds the random delay after a split vote.
+// maxSplitDelay bounds the random delay after a split vote; it doubles
+// with each further split vote in a row, since minority keys that are not
+// undone soon (a contender that crashed leaves them to their TTL) would
+// otherwise be polled every few milliseconds.
 const maxSplitDelay = 15 * time.Millisecond
 
-// splitDelay returns the random delay before the next round after a split
-// vote: 1 ms to maxSplitDelay.
-func splitDelay() time.Duration { return time.Millisecond + rand.N(maxSplitDelay-time.Millisecond) }
+// splitDelay returns the random delay before the next round after n split
+// votes in a row: 1 ms to maxSplitDelay x 2^(n-1).
+func splitDelay(n int) time.Duration {
+	return time.Millisecond + rand.N(maxSplitDelay<<min(n-1, 12))
+}
 
 // splitVote reports whether q is an acquire round that contenders split:
-// nodes refused for holders, no holder has a quorum, and the nodes that
-// failed cannot complete one. Each contender undoes its minority, so the
+// nodes refused for holders, no holder has a quorum among the answers,
+// and the nodes that failed cannot complete one. A node that the round
+// did not wait for (OutcomePending) may still hold a holder's key that
+// would make a quorum: the delay that doubles with each split in a row
+// bounds the rounds spent on such a holder until its keys expire or a
+// round hears that node. Each contender undoes its minority, so the
 // resource is free: the next round should come soon, at a random moment
 // that desynchronizes the contenders (redis.io distlock spec, "Retry on
 // failure"), not after a retry delay sized for a held lock, and no release
 // notice will come to wake it.
 func splitVote(q *QuorumError) bool {
-	if q.weak || q.Count(OutcomeHeld) == 0 || q.HolderUnknown() || slices.ContainsFunc(q.sentinels, func(e error) bool {
+	if q.weak || slices.ContainsFunc(q.sentinels, func(e error) bool {
 		return e == ErrUnavailable || e == ErrMisconfigured || e == ErrClosed
 	}) {
+		return false
+	}
+	if q.Count(OutcomeHeld) == 0 || q.HolderUnknown() {
 		return false
 	}
 	_, held := quorumHolder(q)

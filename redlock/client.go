@@ -81,10 +81,12 @@ type peer struct {
 // that work but tolerate fewer failures than their size suggests: 2 nodes
 // (no node may fail), an even count, two names of one local server.
 //
-// New adds a go-redis hook (redis.Hook, DialHook only) to each node's
-// client that records the node's last failure to connect, so that errors
-// and logs name it ("connection refused", "no such host"): go-redis
-// retries a failed dial until the deadline and reports only the deadline.
+// New adds a go-redis hook (redis.Hook, DialHook only; one per client
+// however many Clients use it) to each node's client that records the
+// node's last failure to connect, so that errors and logs name it
+// ("connection refused", "no such host"): go-redis retries a failed dial
+// until the deadline and reports only the deadline. Close stops the
+// recording for its nodes. (A *redis.ClusterClient does not run it.)
 func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	cfg := config{
 		driftFactor:      DefaultDriftFactor,
@@ -124,9 +126,10 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("nodes[%d] and nodes[%d] are the same client: each must be a separate Redis server", j, i)
 		}
 		seen[id] = i
-		p := &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)}
-		rdb.AddHook(dialWatch{p})
-		c.peers = append(c.peers, p)
+		c.peers = append(c.peers, &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)})
+	}
+	for _, p := range c.peers { // once every node is valid
+		watchDials(p)
 	}
 	c.wake = newWaker(c)
 	c.warnLayout()
@@ -215,6 +218,9 @@ func (c *Client) Nodes() int { return len(c.peers) }
 // to end cancels what is still queued, for every caller.
 func (c *Client) Close(ctx context.Context) error {
 	c.closed.Store(true)
+	for _, p := range c.peers {
+		unwatchDials(p)
+	}
 	var wg sync.WaitGroup
 	wg.Go(c.wake.close)
 	errs := make([]error, len(c.peers))

@@ -54,7 +54,9 @@ func nodeError(err error) error {
 		return err
 	}
 	for _, m := range misconfigured {
-		if redis.HasErrorPrefix(rerr, m.prefix) {
+		// Redis before 7.0 wraps the error a script's call raised:
+		// "ERR Error running script (...): ... -NOPERM ...".
+		if redis.HasErrorPrefix(rerr, m.prefix) || redis.HasErrorPrefix(rerr, "Error running script") && strings.Contains(rerr.Error(), "-"+m.prefix) {
 			return &misconfigError{fix: m.fix, err: err}
 		}
 	}
@@ -68,25 +70,71 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return "cannot connect: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// dialWatch is the go-redis hook that New adds to each node's client: it
-// records the node's last failure to connect, and clears it on a
-// connection. It changes nothing else.
-type dialWatch struct{ p *peer }
+// dialWatch is the go-redis hook that New adds to a node's client, once
+// per client whatever the number of Clients over it (go-redis cannot
+// remove a hook): it records each dial's outcome for the peers of the
+// live Clients on that client, the last failure to connect or nil after a
+// connection. It changes nothing else. A *redis.ClusterClient does not
+// run its own dial hooks for its shards' connections, so nothing is
+// recorded there.
+type dialWatch struct {
+	mu    sync.Mutex
+	peers map[*peer]struct{}
+}
 
-func (h dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+// dialWatches holds the hook of each client that a Client uses.
+var dialWatches sync.Map // redis.UniversalClient -> *dialWatch
+
+// watchDials makes the hook of p's client record p's dials, adding the
+// hook to the client the first time.
+func watchDials(p *peer) {
+	w := &dialWatch{peers: map[*peer]struct{}{}}
+	if old, loaded := dialWatches.LoadOrStore(p.rdb, w); loaded {
+		w = old.(*dialWatch)
+	} else {
+		p.rdb.AddHook(w)
+	}
+	w.mu.Lock()
+	w.peers[p] = struct{}{}
+	w.mu.Unlock()
+}
+
+// unwatchDials stops recording p's dials (Close).
+func unwatchDials(p *peer) {
+	if w, ok := dialWatches.Load(p.rdb); ok {
+		w := w.(*dialWatch)
+		w.mu.Lock()
+		delete(w.peers, p)
+		if len(w.peers) == 0 {
+			// Forget the client (its hook stays, recording for no one; a
+			// later New on it adds another).
+			dialWatches.CompareAndDelete(p.rdb, w)
+		}
+		w.mu.Unlock()
+	}
+}
+
+func (w *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := next(ctx, network, addr)
-		if err != nil && ctx.Err() == nil {
-			h.p.health.noteDial(&dialError{err: err})
-		} else if err == nil {
-			h.p.health.noteDial(nil)
+		var cause error
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return conn, err // the caller gave up: nothing about the node
+		case err != nil:
+			cause = &dialError{err: err}
 		}
+		w.mu.Lock()
+		for p := range w.peers {
+			p.health.noteDial(cause)
+		}
+		w.mu.Unlock()
 		return conn, err
 	}
 }
 
-func (dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (*dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (*dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
@@ -149,14 +197,14 @@ func (c *Client) observe(p *peer, r NodeResult) {
 	cause := r.Err
 	switch r.Outcome {
 	case OutcomeOK, OutcomeHeld, OutcomeGated:
-		h.dial = nil
+		h.dial, h.lastErr = nil, nil // a later missing answer is not explained by an old failure
 		wait := quiet
 		if errors.Is(h.cause, ErrMisconfigured) {
 			wait = quietMisconfigured
 		}
 		if h.cause != nil && now.Sub(h.failed) >= wait {
 			logGood, since = true, h.since
-			h.cause, h.lastErr = nil, nil
+			h.cause = nil
 		}
 	case OutcomeError, OutcomeTimeout:
 		if cause == nil {

@@ -26,11 +26,15 @@ type Holding struct {
 	Unknown bool
 }
 
+// holdersWait is the shortest wait of Holders for each node.
+const holdersWait = 2 * time.Second
+
 // Holders returns, for each of resources in order, what HolderMetadata
 // returns for it, with the lock's remaining TTL, from one round with one
 // script per node whatever the number of resources: a status page reads
-// the holders of all its locks at once. It waits for every node (at most
-// the node timeout), as HolderMetadata does.
+// the holders of all its locks at once. It waits for every node, as
+// HolderMetadata does, at most the node timeout or holdersWait (2 s),
+// whichever is longer: its reply grows with the number of resources.
 //
 // Errors: ErrInvalidArgument for no resources, an empty one, a duplicate
 // or one with a NUL byte (no I/O then); ErrClosed after Close; a
@@ -48,7 +52,8 @@ func (c *Client) Holders(ctx context.Context, resources []string) ([]Holding, er
 	for i, r := range resources {
 		keys[i] = c.cfg.keyPrefix + r
 	}
-	rs := c.round(ctx, roundSpec{op: "holder", script: holdersScript, keys: keys, parse: parseHolders(len(keys)), waitAll: true})
+	rs := c.round(ctx, roundSpec{op: "holder", timeout: max(c.cfg.nodeTimeout, holdersWait), script: holdersScript, keys: keys,
+		parse: parseHolders(len(keys)), waitAll: true})
 	out := make([]Holding, len(resources))
 	failed := failures(rs)
 	for i := range resources {

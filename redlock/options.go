@@ -220,8 +220,10 @@ func WithRestartGating(maxTTL time.Duration) Option {
 // attempt; backoff.Stop ends Acquire with the last round's error. When a
 // quorum of nodes reports one holder and release notices are on, the wait
 // ends as soon as that holder releases, and lasts at most until its key
-// expires (at most 1 s) rather than the policy's delay. Default:
-// DefaultRetry. A nil factory, or one that returns nil, is an error
+// expires (at most 1 s) rather than the policy's delay. After a split
+// vote (no holder has a quorum; the contenders undo their minorities, so
+// the resource is free), the delay is at most a random 1-15 ms, doubling
+// with each split vote in a row. Default: DefaultRetry. A nil factory, or one that returns nil, is an error
 // (ErrInvalidArgument, from New or the call).
 func WithRetry(factory func() backoff.BackOff) LockOption {
 	return lockOption(func(l *lockConfig) { l.retry = factory })

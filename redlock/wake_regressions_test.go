@@ -2,6 +2,9 @@ package redlock_test
 
 import (
 	"context"
+	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -816,5 +819,32 @@ func TestSplitVoteRetriesSoon(t *testing.T) {
 	}
 	if err := <-got; err != nil {
 		t.Fatalf("Acquire after a split vote cleared: %v", err)
+	}
+}
+
+// TestLastingSplitIsNotPolled: minority keys that stay (a contender that
+// crashed leaves them to their TTL) make every round a split vote; the
+// delay doubles with each one, so a waiter does not poll every few
+// milliseconds until they expire.
+func TestLastingSplitIsNotPolled(t *testing.T) {
+	verifyNoLeaks(t)
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	admins := cl.Clients(t)
+	for i, v := range []string{"crashed-1", "crashed-2"} {
+		if err := admins[i].Set(ctx, "r", v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newClient(t, cl.Clients(t), redlock.WithRetry(slowRetry))
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := c.Acquire(wctx, []string{"r"}, time.Second)
+	m := regexp.MustCompile(`after (\d+) attempts`).FindStringSubmatch(fmt.Sprint(err))
+	if m == nil {
+		t.Fatalf("Acquire = %v, want a failure after several attempts", err)
+	}
+	if n, _ := strconv.Atoi(m[1]); n < 3 || n > 15 {
+		t.Errorf("%d attempts in 2 s of split votes, want 3 to 15 (a delay doubling from 15 ms)", n)
 	}
 }

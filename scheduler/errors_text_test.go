@@ -297,7 +297,12 @@ func TestOneMisconfiguredNodeRunsQuietly(t *testing.T) {
 	}
 	ctx := context.Background()
 	unlockErrs := 0
-	for range 10 {
+	// Until a release names the node (one that returned at a quorum before
+	// the node's answer is nil), then a few runs more.
+	for i, deadline := 0, time.Now().Add(10*time.Second); unlockErrs == 0 || i < 3; i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no release reported the misconfigured node within 10 s")
+		}
 		lk, err := l.Lock(ctx, "report")
 		if err != nil {
 			t.Fatal(err)
@@ -311,9 +316,6 @@ func TestOneMisconfiguredNodeRunsQuietly(t *testing.T) {
 			}
 		}
 		clock.Advance(time.Second)
-	}
-	if unlockErrs == 0 {
-		t.Fatal("no release reported the misconfigured node: the test tests nothing")
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -477,8 +477,11 @@ func (l *Locker) skipped(ctx context.Context, span trace.Span, job string, err e
 		switch outcome {
 		case tracing.OutcomeSkippedDown, tracing.OutcomeSkippedGated, "skipped", tracing.OutcomeSkippedMisconfigured:
 			kind := tracing.ErrorTypeOther
-			if outcome == tracing.OutcomeSkippedDown || outcome == tracing.OutcomeSkippedGated {
+			switch {
+			case outcome == tracing.OutcomeSkippedDown || outcome == tracing.OutcomeSkippedGated:
 				kind = tracing.ErrorTypeUnavailable
+			case errors.Is(err, redlock.ErrMisconfigured):
+				kind = tracing.ErrorTypeMisconfigured
 			}
 			span.SetAttributes(semconv.ErrorTypeKey.String(kind))
 			span.SetStatus(codes.Error, err.Error())

@@ -89,7 +89,7 @@ func (l *Locker) warn(ctx context.Context, kind, job, msg string, args ...any) {
 
 // logSkip logs a run skipped for a reason an operator must act on (Redis
 // unavailable or misconfigured, nodes inside their restart gate) at most
-// once every warnEvery per job and outcome, so that the logs alone tell
+// once every warnEvery per outcome (an outage skips every job), so that the logs alone tell
 // that a job stopped running, even without an AfterLockError listener.
 // The runs counter counts every such skip (outcome).
 func (l *Locker) logSkip(ctx context.Context, outcome, job string, err error) {
@@ -106,7 +106,7 @@ func (l *Locker) logSkip(ctx context.Context, outcome, job string, err error) {
 		return
 	}
 	w := l.warnings
-	key, now := [2]string{"skip:" + outcome, job}, time.Now()
+	key, now := [2]string{"skip", outcome}, time.Now() // one line per reason, whatever the number of jobs
 	w.mu.Lock()
 	last, seen := w.logged[key]
 	if !seen || now.Sub(last) >= warnEvery {
@@ -115,7 +115,8 @@ func (l *Locker) logSkip(ctx context.Context, outcome, job string, err error) {
 	}
 	w.mu.Unlock()
 	if !seen {
-		w.log.Log(ctx, level, "scheduler: run skipped (logged at most once a minute per job and reason)", "job", job, "outcome", outcome, "err", err)
+		w.log.Log(ctx, level, "scheduler: run skipped (logged at most once a minute per reason; the runs counter counts each)",
+			"job", job, "outcome", outcome, "err", err)
 	}
 }
 
