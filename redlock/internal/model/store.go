@@ -40,9 +40,14 @@ func (s Store) Clone() Store {
 }
 
 // Purge drops the expired keys (Redis expires them lazily or by its
-// sampler; no script can tell).
+// sampler; no script can tell). It leaves s.Keys's array as it was, so a
+// Store copied by value (the explorer's states share arrays) stays
+// intact.
 func (s *Store) Purge() {
-	s.Keys = slices.DeleteFunc(s.Keys, func(e Entry) bool { return e.Exp != 0 && s.Now > e.Exp })
+	expired := func(e Entry) bool { return e.Exp != 0 && s.Now > e.Exp }
+	if slices.ContainsFunc(s.Keys, expired) {
+		s.Keys = slices.DeleteFunc(slices.Clone(s.Keys), expired)
+	}
 }
 
 // String renders the live keys, one per line: key, kind, value, PTTL.
