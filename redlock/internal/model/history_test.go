@@ -1,11 +1,28 @@
 package model
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // The historical two-holder bugs, each put back into the model as the
-// code was before its fix (Bugs), and each found by the checker; and,
-// where it helps to read the finding, the same configuration without the
-// flag (or with one flag of two) passing.
+// code was before its fix (Bugs), and each found by the checker. The
+// long run also explores each configuration without the bug (and the
+// first one with each half of it) to completion: today's code passes.
+
+// withoutIt explores cfg with each of bugs instead of cfg.Bugs, in the
+// long run, and fails on a violation.
+func withoutIt(t *testing.T, cfg Config, bugs ...Bugs) {
+	t.Helper()
+	if !long() {
+		return
+	}
+	name := cfg.Name
+	for _, b := range bugs {
+		cfg.Bugs, cfg.Name = b, fmt.Sprintf("%s, bugs %+v", name, b)
+		holds(t, cfg)
+	}
+}
 
 // TestBugKeepAgainstAShorteningExtend (fixed in 0a4d888): Keep slept on
 // the Until it had read, while the holder's Extend shortened the lock;
@@ -20,12 +37,7 @@ func TestBugKeepAgainstAShorteningExtend(t *testing.T) {
 	cfg.LongTTL, cfg.ExtendTTLs, cfg.Fencing = 60, []int64{6}, false
 	cfg.Bugs = Bugs{LowerTTL: true, KeepStale: true}
 	finds(t, cfg, "two holders at once")
-	if long() {
-		for _, b := range []Bugs{{LowerTTL: true}, {KeepStale: true}} {
-			cfg.Bugs = b
-			holds(t, cfg)
-		}
-	}
+	withoutIt(t, cfg, Bugs{LowerTTL: true}, Bugs{KeepStale: true}, Bugs{})
 }
 
 // TestBugReorderedExtends (fixed in d2aa13a): an Extend to a shorter TTL
@@ -44,6 +56,7 @@ func TestBugReorderedExtends(t *testing.T) {
 	cfg.Faults = Faults{Delay: 2, Reorder: 2, DelayAfter: 2}
 	cfg.Bugs = Bugs{LowerTTL: true, UntilBeforeSend: true}
 	finds(t, cfg, "two holders at once")
+	withoutIt(t, cfg, Bugs{})
 }
 
 // TestBugExtendPastTheRestartGate (fixed in cdb64f8, test 0ce53dd): an
@@ -57,6 +70,7 @@ func TestBugExtendPastTheRestartGate(t *testing.T) {
 	cfg.Fencing = false
 	cfg.Bugs.ExtendPastGate = true
 	finds(t, cfg, "two holders at once")
+	withoutIt(t, cfg, Bugs{})
 }
 
 // TestBugFencingTokensBackwardsUnderGating (fixed in cdb64f8): a token
@@ -71,4 +85,5 @@ func TestBugFencingTokensBackwardsUnderGating(t *testing.T) {
 	cfg.Faults = Faults{Loss: 1, Restart: 1}
 	cfg.Bugs.NoClockFloor = true
 	finds(t, cfg, "fencing token")
+	withoutIt(t, cfg, Bugs{})
 }
