@@ -28,6 +28,8 @@ func Script(st *Store, name string, keys, argv []string) any {
 		return Note(st, keys, argv)
 	case "abandon":
 		return Abandon(st, keys, argv)
+	case "holders":
+		return Holders(st, keys, argv)
 	}
 	panic("model: no script " + name)
 }
@@ -413,4 +415,19 @@ func Abandon(st *Store, keys, argv []string) any {
 		}
 	}
 	return done
+}
+
+// Holders is scripts/holders.lua (a read for Client.Holders: it changes
+// nothing, and the protocol model does not call it).
+func Holders(st *Store, keys, _ []string) any {
+	out := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		if v, ok := st.Get(k); ok {
+			out = append(out, v)
+		} else {
+			out = append(out, nil)
+		}
+		out = append(out, st.PTTL(k))
+	}
+	return out
 }

@@ -28,7 +28,7 @@ func newRedisNode(t *testing.T) *redisNode {
 	t.Helper()
 	s := redlocktest.StartServer(t)
 	n := &redisNode{t: t, rdb: s.Client(t), src: map[string]string{}}
-	for _, name := range []string{"acquire", "extend", "release", "fence", "check", "note", "abandon"} {
+	for _, name := range []string{"acquire", "extend", "release", "fence", "check", "note", "abandon", "holders"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "scripts", name+".lua"))
 		if err != nil {
 			t.Fatal(err)
@@ -287,6 +287,9 @@ func replyKind(script string, r any) string {
 		}
 		return strconv.FormatInt(v, 10)
 	case []any:
+		if script == "holders" {
+			return "read"
+		}
 		k := fmt.Sprint(v[0])
 		if script == "acquire" && v[0] == int64(0) {
 			k += fmt.Sprintf("/by%d", min(v[3].(int64), 1))
@@ -314,7 +317,7 @@ func TestScriptsMatchRedis(t *testing.T) {
 		"acquire:1", "acquire:1/kept", "acquire:0/by1", "acquire:0/by0", "acquire:0/by-1", "acquire:2",
 		"extend:0", "extend:1", "extend:3", "extend:2",
 		"release:0", "release:1", "release:n", "fence:0", "fence:1", "check:0", "check:1", "note:1",
-		"abandon:0", "abandon:1",
+		"abandon:0", "abandon:1", "holders:read",
 	}
 	for _, k := range want {
 		if !ls.seen[k] {
@@ -375,6 +378,7 @@ func scenarios(ls *lockstep) {
 	ls.call("mark raised", rec.AcquireCall(b, "", 300))
 	ls.call("undo puts the mark back", rec.ReleaseCall(b, "", true, nil))
 	ls.call("second undo leaves it", rec.ReleaseCall(b, "", true, nil))
+	ls.call("holders", Call{"holders", []string{"s:job", "p:q", "g:r"}, nil})
 	ls.call("abandon of none", rec.AbandonCall("zz"))
 	ls.call("abandon", rec.AbandonCall("ma"))
 }
