@@ -2,6 +2,8 @@ package faults
 
 import (
 	"fmt"
+
+	"github.com/anishathalye/porcupine"
 	"slices"
 	"sort"
 	"sync"
@@ -159,12 +161,22 @@ func (h *History) Windows() []Window {
 	return out
 }
 
-// Check runs the checker over everything recorded.
+// Check runs the checker over everything recorded, and porcupine beside
+// it (Verdict.Linearizable).
 func (h *History) Check() Verdict {
 	h.mu.Lock()
 	w, x := slices.Clone(h.windows), slices.Clone(h.work)
 	h.mu.Unlock()
-	return Check(w, x)
+	v := Check(w, x)
+	v.Linearizable = linearizable(w, x)
+	return v
+}
+
+// Agree reports whether porcupine agrees with the checker: a history is
+// linearizable exactly when the checker finds nothing (a verdict that
+// timed out agrees with anything).
+func (v Verdict) Agree() bool {
+	return v.Linearizable == porcupine.Unknown || (v.Linearizable == porcupine.Ok) == v.OK()
 }
 
 // Verdict is what the checker found.
@@ -179,6 +191,10 @@ type Verdict struct {
 	// LateWork counts guarded actions started at or after the validity
 	// deadline the holder knew.
 	LateWork int
+	// Linearizable is porcupine's verdict on the same history
+	// (linearizable.go): Ok, Illegal, or Unknown when its search timed
+	// out; "" when not run (Check alone).
+	Linearizable porcupine.CheckResult
 	// Examples describes the first few violations.
 	Examples []string
 }
@@ -187,8 +203,8 @@ type Verdict struct {
 func (v Verdict) OK() bool { return v.Overlaps == 0 && v.TokenViolations == 0 && v.LateWork == 0 }
 
 func (v Verdict) String() string {
-	return fmt.Sprintf("%d windows: %d overlaps, %d token violations, %d late actions %q",
-		v.Windows, v.Overlaps, v.TokenViolations, v.LateWork, v.Examples)
+	return fmt.Sprintf("%d windows: %d overlaps, %d token violations, %d late actions, linearizable: %s %q",
+		v.Windows, v.Overlaps, v.TokenViolations, v.LateWork, v.Linearizable, v.Examples)
 }
 
 const maxExamples = 5

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"github.com/schedlock/schedlock/redlock/redlocktest"
 )
 
@@ -173,4 +175,42 @@ func TestSimFaults(t *testing.T) {
 			t.Errorf("a persistent node lost its data on restart (%v)", err)
 		}
 	})
+}
+
+// TestLinearizableAgreesWithTheChecker: porcupine's verdict on the
+// register of (holder, token) matches the checker on clean histories and
+// on each kind of violation.
+func TestLinearizableAgreesWithTheChecker(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	w := func(lock, start, end, until int, token uint64) Window {
+		return Window{Lock: lock, Resource: "r", Attempt: at(start - 2), Start: at(start), End: at(end), Until: at(until), Token: token}
+	}
+	tests := []struct {
+		name    string
+		windows []Window
+		work    []Work
+		want    porcupine.CheckResult
+	}{
+		{"handoffs", []Window{w(1, 0, 10, 100, 1), w(2, 12, 20, 100, 2), w(3, 20, 30, 25, 3)},
+			[]Work{{Lock: 1, Resource: "r", At: at(5), Until: at(100)}, {Lock: 3, Resource: "r", At: at(24), Until: at(25)}}, porcupine.Ok},
+		{"concurrent attempts, one after the other", []Window{
+			{Lock: 1, Resource: "r", Attempt: at(0), Start: at(10), End: at(20), Until: at(100)},
+			{Lock: 2, Resource: "r", Attempt: at(1), Start: at(25), End: at(30), Until: at(100)},
+		}, nil, porcupine.Ok},
+		{"two resources", []Window{w(1, 0, 10, 100, 0), {Lock: 2, Resource: "s", Start: at(5), End: at(8), Until: at(100)}}, nil, porcupine.Ok},
+		{"overlap", []Window{w(1, 0, 15, 100, 0), w(2, 10, 20, 100, 0)}, nil, porcupine.Illegal},
+		{"token backwards", []Window{w(1, 0, 10, 100, 5), w(2, 12, 20, 100, 4)}, nil, porcupine.Illegal},
+		{"late work", []Window{w(1, 0, 30, 10, 0)}, []Work{{Lock: 1, Resource: "r", At: at(12), Until: at(10)}}, porcupine.Illegal},
+	}
+	for _, tt := range tests {
+		if got := linearizable(tt.windows, tt.work); got != tt.want {
+			t.Errorf("%s: porcupine = %s, want %s", tt.name, got, tt.want)
+		}
+		v := Check(tt.windows, tt.work)
+		v.Linearizable = tt.want
+		if !v.Agree() {
+			t.Errorf("%s: the checker (%v) disagrees with porcupine's %s", tt.name, v, tt.want)
+		}
+	}
 }

@@ -22,6 +22,10 @@
 //   - late work: a guarded action started at or after the deadline the
 //     holder knew.
 //
+// porcupine checks the same history for linearizability of the lock as a
+// register of (holder, fencing token) (linearizable.go); its verdict
+// must agree with the checker's.
+//
 // Scenarios add their own figures: time to recover after a fault
 // (FirstStartAfter), executions per cron tick (Tally), keys left on the
 // nodes, extensions sent after the deadline (a go-redis hook that learns

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
 	"github.com/cenkalti/backoff/v4"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -118,6 +119,7 @@ type scenario struct {
 	r       Result
 	metrics map[string]string
 	keys    []string
+	lin     [3]int // porcupine's verdicts: linearizable, not, undecided
 }
 
 // newScenario starts the row named name (an entry of catalogue) for tier
@@ -159,6 +161,22 @@ func (sc *scenario) add(iterations, faults, overlaps int) {
 	sc.r.Iterations += iterations
 	sc.r.Faults += faults
 	sc.r.Overlaps += overlaps
+}
+
+// linearizability counts porcupine's verdicts on the row's histories.
+func (sc *scenario) linearizability(r porcupine.CheckResult) {
+	sc.mu.Lock()
+	switch r {
+	case porcupine.Ok:
+		sc.lin[0]++
+	case porcupine.Illegal:
+		sc.lin[1]++
+	default:
+		sc.lin[2]++
+	}
+	lin := sc.lin
+	sc.mu.Unlock()
+	sc.metric("histories linearizable (porcupine) / not / undecided", "%d / %d / %d", lin[0], lin[1], lin[2])
 }
 
 // metric sets a named figure of the row (the last call per name wins).
@@ -227,11 +245,17 @@ func seedList(pr, long int) []uint64 {
 }
 
 // checkHistory reports the checker's findings on t and adds the overlaps
-// to the row; it returns the verdict.
+// to the row; it returns the verdict. porcupine checks the same history
+// for linearizability (Verdict.Linearizable) and must agree with the
+// checker, in the negative controls too.
 func (sc *scenario) checkHistory(t *testing.T, h *History) Verdict {
 	t.Helper()
 	v := h.Check()
 	sc.add(0, 0, v.Overlaps)
+	sc.linearizability(v.Linearizable)
+	if !v.Agree() {
+		t.Errorf("porcupine (%s) disagrees with the checker: %v", v.Linearizable, v)
+	}
 	return v
 }
 

@@ -291,8 +291,9 @@ func testHolderPaused(t *testing.T, fenced bool) {
 		pauses = append(pauses, time.Since(paused))
 		f := ch.expect("wrote", 10*time.Second)
 		wroteAt := ch.monoField(f[0])
-		h.Add(Window{Lock: h.NewLockID(), Resource: "acct", Owner: "child", Start: cstart, End: wroteAt, Until: cuntil, Token: ctoken})
-		h.AddWork(Work{Resource: "acct", Owner: "child", At: wroteAt, Until: cuntil, Token: ctoken})
+		id := h.NewLockID()
+		h.Add(Window{Lock: id, Resource: "acct", Owner: "child", Start: cstart, End: wroteAt, Until: cuntil, Token: ctoken})
+		h.AddWork(Work{Lock: id, Resource: "acct", Owner: "child", At: wroteAt, Until: cuntil, Token: ctoken})
 		accepted, rej, err := store.Log(ctx)
 		if err != nil {
 			t.Fatal(err)
