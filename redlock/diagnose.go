@@ -218,7 +218,13 @@ func (c *Client) observe(p *peer, r NodeResult) {
 		if h.cause == nil {
 			h.since = now
 		}
-		h.cause, h.failed = cause, now
+		// A misconfigured node's calls also time out (go-redis retries
+		// READONLY until the deadline): that does not make it a new
+		// failure to log again when its next answer names the cause.
+		if r.Outcome != OutcomeTimeout || !errors.Is(h.cause, ErrMisconfigured) {
+			h.cause = cause
+		}
+		h.failed = now
 	}
 	h.mu.Unlock()
 	switch {
