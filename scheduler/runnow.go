@@ -234,8 +234,11 @@ func (s *Scheduler) runRequested(ctx context.Context, job string, r requestEntry
 		l.log.Warn("scheduler: a run-now request was refused", "job", job, "err", err)
 	}
 	b, _ := json.Marshal(r)
+	// Eval returns at a quorum: the context must outlive it, or the
+	// straggler's write is dropped and that node keeps the request
+	// pending (a later RequestRun is refused there).
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.client.NodeTimeout())
-	defer cancel()
+	time.AfterFunc(l.client.NodeTimeout(), cancel)
 	if _, err := l.client.Eval(actx, answerScript, []string{l.requestsKey()}, job, strconv.FormatInt(r.Seq, 10), r.State, string(b)); err != nil {
 		l.log.Debug("scheduler: writing a run-now request's outcome failed", "job", job, "err", err)
 	}
