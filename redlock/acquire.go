@@ -23,7 +23,11 @@ import (
 // quorum granted and the validity left (TTL - elapsed - drift, measured
 // from this round's own start) is at least the minimum. A failed round is
 // undone on every node that may have granted, also on those that did not
-// answer. ttl is rounded down to whole milliseconds.
+// answer; a first round that can no longer succeed waits for the answers
+// still due (at most the node timeout), so that its undo goes only to
+// nodes that may have granted. After each failed round the retry
+// condition (WithRetryIf), if any, may stop the call. ttl is rounded down
+// to whole milliseconds.
 //
 // Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
 // matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
@@ -56,6 +60,9 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 			return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired%s: the client is closed",
 				lockName(l.resources), attemptsText(attempts-1))
 		}
+		if err := l.nextMetadata(); err != nil {
+			return nil, err
+		}
 		w.beforeAttempt()
 		q := c.attempt(ctx, l, attempts, true)
 		if q == nil {
@@ -68,25 +75,40 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 			return nil, l.fail(ctx, attempts, last)
 		}
 		last = q
-		d := policy.NextBackOff()
 		if splitVote(q) {
 			splits++
 		} else {
 			splits = 0
 		}
-		if d != backoff.Stop && splits > 0 {
-			d = min(d, splitDelay(splits)) // the resource is free: retry soon, at a random moment
-		}
-		if d == backoff.Stop {
-			l.end()
-			return nil, wrapf([]error{last}, "%s not acquired%s: the retry policy (WithRetry) gave up; %s: %s",
-				lockName(l.resources), attemptsText(attempts), lastAttempt(attempts), last.body())
+		d, err := l.nextDelay(policy, attempts, splits, q)
+		if err != nil {
+			return nil, err
 		}
 		w.sleep(ctx, last, d)
 		if ctx.Err() != nil {
 			return nil, l.fail(ctx, attempts, last)
 		}
 	}
+}
+
+// nextDelay returns the delay before the attempt after attempt n, which
+// failed with q after splits split votes in a row, or the error that ends
+// the acquisition: the retry condition (WithRetryIf) or the retry policy
+// stopped it.
+func (l *Lock) nextDelay(policy backoff.BackOff, n, splits int, q *QuorumError) (time.Duration, error) {
+	stop, d := "the retry condition (WithRetryIf) stopped it", time.Duration(backoff.Stop)
+	if l.cfg.retryIf == nil || l.cfg.retryIf(n, q) {
+		stop, d = "the retry policy (WithRetry) gave up", policy.NextBackOff()
+	}
+	switch {
+	case d == backoff.Stop:
+		l.end()
+		return 0, wrapf([]error{q}, "%s not acquired%s: %s; %s: %s",
+			lockName(l.resources), attemptsText(n), stop, lastAttempt(n), q.body())
+	case splits > 0:
+		return min(d, splitDelay(splits)), nil // the resource is free: retry soon, at a random moment
+	}
+	return d, nil
 }
 
 // TryAcquire is Acquire with exactly one quorum round and no retry. For
@@ -110,6 +132,9 @@ func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Du
 	}
 	if ctx.Err() != nil {
 		return nil, l.fail(ctx, 0, nil)
+	}
+	if err := l.nextMetadata(); err != nil {
+		return nil, err
 	}
 	attempts = 1
 	if q := c.attempt(ctx, l, 1, false); q != nil {
@@ -207,6 +232,21 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 	return qerr
 }
 
+// nextMetadata sets the metadata of the next attempt from WithMetadataFunc,
+// if given; a result that is too long ends the acquisition.
+func (l *Lock) nextMetadata() error {
+	if l.cfg.metadataFunc == nil {
+		return nil
+	}
+	md := l.cfg.metadataFunc()
+	if len(md) > MaxMetadata {
+		l.end()
+		return invalidf("metadata (WithMetadataFunc) is %d bytes, more than the maximum %d", len(md), MaxMetadata)
+	}
+	l.cfg.metadata = md
+	return nil
+}
+
 // nextAttempt starts an attempt: its value (a new owner token, or the
 // reentrant owner's token, which repeats, with a new acquisition ID)
 // becomes the Lock's. Every attempt has its own owner token or acquisition
@@ -234,7 +274,7 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 	if l.cfg.fencing {
 		fencing = "1"
 	}
-	if retrying && !c.cfg.noWake {
+	if retrying && !c.cfg.noWake && !l.cfg.noWake {
 		wait = "1"
 	}
 	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
@@ -246,10 +286,13 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 		// caller may retry through a burst that only slows the nodes)
 		// waits for every node.
 		skipDown: retrying && n > 1,
-		// A TryAcquire that lost waits for the answers still due, so that
-		// its undo does not go to nodes that refused (a fleet's losers
-		// sent one undo per tick each).
-		settle: !retrying,
+		// A TryAcquire, and a first attempt while every node answers, that
+		// lost waits for the answers still due, so that its undo does not
+		// go to nodes that refused (a fleet's losers sent one undo per
+		// scheduled time each). A first attempt does not wait for a node
+		// that is down: a frozen node would delay every handoff by the
+		// node timeout.
+		settle: !retrying || n == 1 && !c.anyDown(),
 	}
 	if !retrying && len(l.keys) == 1 {
 		// A plain one-key lock tried once: SET NX GET does what the script
@@ -257,6 +300,12 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 		spec.setGet = []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"} // keys: spec.keys
 	}
 	return spec
+}
+
+// anyDown reports whether a node is down: its last call got no answer
+// within the node timeout, and it has not answered since.
+func (c *Client) anyDown() bool {
+	return slices.ContainsFunc(c.peers, func(p *peer) bool { return p.down.Load() })
 }
 
 // parseAcquire returns the reader of l's acquire script replies for

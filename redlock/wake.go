@@ -130,7 +130,7 @@ func (wt *waiter) beforeAttempt() {
 // the first time a holder refused.
 func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 	w := wt.w
-	if !w.off && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
+	if !w.off && !wt.l.cfg.noWake && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
 		wt.channels = make([]string, wt.l.n)
 		for i, k := range wt.l.keys[:wt.l.n] {
 			wt.channels[i] = k + releasedSuffix
