@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -244,8 +243,7 @@ func (cfg *config) validate(client *redlock.Client, name string) error {
 		return invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
 	}
 	if err := client.CheckTTL(cfg.ttl); err != nil {
-		why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
-		return &textError{msg: fmt.Sprintf("elector: invalid argument: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, why), errs: []error{err}}
+		return &textError{msg: fmt.Sprintf("elector: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, redlock.ErrorText(err)), errs: []error{err}}
 	}
 	return nil
 }
@@ -266,10 +264,6 @@ type textError struct {
 
 func (e *textError) Error() string   { return e.msg }
 func (e *textError) Unwrap() []error { return e.errs }
-
-// redlockText returns the text of a redlock error without its package
-// prefix, to be quoted in the text of an error that wraps it.
-func redlockText(err error) string { return strings.TrimPrefix(err.Error(), "redlock: ") }
 
 // Identity returns this candidate's identity.
 func (e *Elector) Identity() string { return e.cfg.identity }
@@ -333,9 +327,7 @@ func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 	id, held, err := e.client.HolderMetadata(ctx, e.res)
 	switch {
 	case err != nil:
-		// redlock's text names the lease's key: the election's name says it.
-		why := strings.TrimPrefix(redlockText(err), fmt.Sprintf("holder of %q unknown: ", e.res))
-		return "", &textError{msg: fmt.Sprintf("elector: leader of %q unknown: %s", e.name, why), errs: []error{err}}
+		return "", &textError{msg: fmt.Sprintf("elector: leader of %q: %s", e.name, redlock.ErrorText(err)), errs: []error{err}}
 	case !held:
 		return "", ErrNoLeader
 	}

@@ -213,6 +213,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 		qerr = newQuorumError("acquire", l.resources, c.quorum, rs, false, ErrNotAcquired)
 		qerr.weak, qerr.validity, qerr.minimum = true, v, time.Duration(float64(l.ttl)*c.cfg.minValidity)
 	}
+	qerr.refusal = l.cfg.refusalText
 	// Undo on every node that may have granted, also where the answer is
 	// missing or an error (step 5); "held" and "gated" answers set nothing.
 	// The undo does not wait: on each node it goes out after this attempt's

@@ -103,6 +103,7 @@ type lockConfig struct {
 	retryIf        func(n int, q *QuorumError) bool // WithRetryIf: nil retries always
 	metadataFunc   func() string                    // WithMetadataFunc
 	noWake         bool                             // WithReleaseNotices(false) given to the call or to New
+	refusalText    func(NodeResult) string          // WithRefusalText
 }
 
 type clientOption func(*config)
@@ -281,6 +282,18 @@ func WithMetadataFunc(f func() string) LockOption {
 // allows. TryAcquire does not retry and does not call it.
 func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
 	return lockOption(func(l *lockConfig) { l.retryIf = retry })
+}
+
+// WithRefusalText sets how the call's error texts describe a node that
+// refused its acquisition: text(r) replaces the default `held by
+// "worker-2" for another 850ms` (or `"m" is at mark 120, set by
+// "worker-2"`) after the node's address, for callers whose metadata or
+// marks mean something the default cannot say (package scheduler names
+// the instance and the scheduled time). r is the node's result
+// (Outcome OutcomeHeld). text must be safe for concurrent use; it runs
+// when the text is built. Default nil: the default text.
+func WithRefusalText(text func(r NodeResult) string) LockOption {
+	return lockOption(func(l *lockConfig) { l.refusalText = text })
 }
 
 // WithOwner makes the lock reentrant for owner (reentrant.go): an

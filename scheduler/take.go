@@ -62,7 +62,7 @@ func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time
 		return nil, last
 	}
 	return nil, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
-		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlockText(err))})
+		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlock.ErrorText(err))})
 }
 
 // acquireOptions returns the options of a claim's Acquire. Each round
@@ -77,6 +77,7 @@ func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redl
 		redlock.WithNodeTimeout(max(l.client.NodeTimeout(), bound/2)),
 		redlock.WithRetry(retryPolicy),
 		redlock.WithReleaseNotices(false),
+		redlock.WithRefusalText(refusalText),
 	}
 	if c.kind != kindManual {
 		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
@@ -111,7 +112,7 @@ func (l *Locker) judge(ctx context.Context, job string, c claim, q *redlock.Quor
 		// Refused without a quorum for one holder, and the nodes that
 		// failed could complete one: whether it was taken is unknown.
 		return false, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, q},
-			msg: "the nodes that failed leave unknown whether another instance took it: " + redlockText(q)})
+			msg: "the nodes that failed leave unknown whether another instance took it: " + redlock.ErrorText(q)})
 	}
 	return false, l.fail(job, c, errOther, q) // a split vote: retried
 }
@@ -290,9 +291,9 @@ func (e *runError) Error() string {
 		cause := strings.TrimPrefix(e.err.Error(), ErrStopped.Error()+": ")
 		return head + " skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken (" + cause + ")"
 	case errUnavailable:
-		return head + " skipped: Redis unavailable: " + redlockText(e.err)
+		return head + " skipped: Redis unavailable: " + redlock.ErrorText(e.err)
 	case errMisconfigured:
-		return head + " skipped: Redis nodes misconfigured: " + redlockText(e.err)
+		return head + " skipped: Redis nodes misconfigured: " + redlock.ErrorText(e.err)
 	case errTaken:
 		reason := fmt.Sprintf("%q already ran it", e.holder)
 		if e.duplicate {
@@ -311,9 +312,9 @@ func (e *runError) Error() string {
 	case errPaused:
 		return head + " skipped: the job is paused across the fleet (Scheduler.Resume or the status page resumes it)"
 	case errOrphan:
-		return head + " skipped: a run lock or record that an earlier failed attempt of this instance left on the nodes blocks it, and deleting it failed: " + redlockText(e.err)
+		return head + " skipped: a run lock or record that an earlier failed attempt of this instance left on the nodes blocks it, and deleting it failed: " + redlock.ErrorText(e.err)
 	}
-	return head + " skipped: " + redlockText(e.err)
+	return head + " skipped: " + redlock.ErrorText(e.err)
 }
 
 // Unwrap gives ErrHeldElsewhere for a scheduled time taken or a run in
