@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+
 	"github.com/schedlock/schedlock/redlock"
 )
 
@@ -15,20 +17,11 @@ import (
 // its QuorumError, and ends Acquire when it says so, with that round's
 // error.
 func TestRetryIfStopsAcquire(t *testing.T) {
-	_, nodes := miniNodes(t, 3)
-	c, err := redlock.New(nodes, redlock.WithRetry(constantRetry(time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
+	c, held, _ := heldOnMiniNodes(t, redlock.WithMetadata("holder"))
 	ctx := context.Background()
-	held, err := c.Acquire(ctx, []string{"r"}, time.Minute, redlock.WithMetadata("holder"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer held.Release(ctx)
 	var rounds []int
-	_, err = c.Acquire(ctx, []string{"r"}, time.Minute, redlock.WithRetryIf(func(n int, q *redlock.QuorumError) bool {
+	_, err := c.Acquire(ctx, []string{"r"}, time.Minute, redlock.WithRetryIf(func(n int, q *redlock.QuorumError) bool {
 		rounds = append(rounds, n)
 		if md, ok := q.HolderMetadata(); !ok || md != "holder" {
 			t.Errorf("round %d: holder %q, %v; want \"holder\"", n, md, ok)
@@ -49,17 +42,8 @@ func TestRetryIfStopsAcquire(t *testing.T) {
 // TestRetryIfCanClearTheWay: a condition that returns true lets the retry
 // policy go on, and may do I/O first (here: the holder releases).
 func TestRetryIfCanClearTheWay(t *testing.T) {
-	_, nodes := miniNodes(t, 3)
-	c, err := redlock.New(nodes, redlock.WithRetry(constantRetry(time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
+	c, held, _ := heldOnMiniNodes(t)
 	ctx := context.Background()
-	held, err := c.Acquire(ctx, []string{"r"}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	calls := 0
 	l, err := c.Acquire(ctx, []string{"r"}, time.Minute, redlock.WithRetryIf(func(n int, _ *redlock.QuorumError) bool {
 		calls++
@@ -78,17 +62,8 @@ func TestRetryIfCanClearTheWay(t *testing.T) {
 // gives at its start; the Lock reports the granted attempt's, and a result
 // over MaxMetadata ends the call with ErrInvalidArgument.
 func TestMetadataFuncIsReadEachAttempt(t *testing.T) {
-	_, nodes := miniNodes(t, 3)
-	c, err := redlock.New(nodes, redlock.WithRetry(constantRetry(time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
+	c, held, _ := heldOnMiniNodes(t)
 	ctx := context.Background()
-	held, err := c.Acquire(ctx, []string{"r"}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
 	next := func() string { n++; return "attempt-" + strconv.Itoa(n) }
 	l, err := c.Acquire(ctx, []string{"r"}, time.Minute, redlock.WithMetadata("static"), redlock.WithMetadataFunc(next),
@@ -116,17 +91,8 @@ func TestMetadataFuncIsReadEachAttempt(t *testing.T) {
 // marks no holder's key, so the holder's release publishes nothing for it;
 // one with notices on marks it.
 func TestReleaseNoticesOffForOneCall(t *testing.T) {
-	ms, nodes := miniNodes(t, 3)
-	c, err := redlock.New(nodes, redlock.WithRetry(constantRetry(time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(context.Background())
+	c, held, ms := heldOnMiniNodes(t)
 	ctx := context.Background()
-	held, err := c.Acquire(ctx, []string{"r"}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer held.Release(ctx)
 	before, _ := ms[0].Get("r")
 	once := redlock.WithRetryIf(func(int, *redlock.QuorumError) bool { return false })
@@ -142,4 +108,21 @@ func TestReleaseNoticesOffForOneCall(t *testing.T) {
 	if after, _ := ms[0].Get("r"); after == before {
 		t.Error("notices on: the holder's value was not marked for a notice; the test above proves nothing")
 	}
+}
+
+// heldOnMiniNodes returns a Client on 3 miniredis nodes that retries every
+// millisecond, and a Lock of resource "r" acquired with opts (1 min TTL).
+func heldOnMiniNodes(t *testing.T, opts ...redlock.LockOption) (*redlock.Client, *redlock.Lock, []*miniredis.Miniredis) {
+	t.Helper()
+	ms, nodes := miniNodes(t, 3)
+	c, err := redlock.New(nodes, redlock.WithRetry(constantRetry(time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	held, err := c.Acquire(context.Background(), []string{"r"}, time.Minute, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, held, ms
 }
