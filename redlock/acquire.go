@@ -283,17 +283,18 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 			l.cfg.recordTTL.Milliseconds(), markArg(l.cfg), l.cfg.markTTL.Milliseconds()},
 		parse: parseAcquire(l, value), parseSet: parseSetGet(l, value),
 		// Acquire's retries do not wait for a node that timed out until
-		// it answers again; a first attempt (and TryAcquire, which a
-		// caller may retry through a burst that only slows the nodes)
-		// waits for every node.
-		skipDown: retrying && n > 1,
-		// A TryAcquire, and a first attempt while every node answers, that
-		// lost waits for the answers still due, so that its undo does not
-		// go to nodes that refused (a fleet's losers sent one undo per
-		// scheduled time each). A first attempt does not wait for a node
-		// that is down: a frozen node would delay every handoff by the
-		// node timeout.
-		settle: !retrying || n == 1 && !c.anyDown(),
+		// it answers again; a first attempt, TryAcquire (which a caller
+		// may retry through a burst that only slows the nodes) and a call
+		// with a node timeout of its own wait for every node.
+		skipDown: retrying && n > 1 && !l.cfg.nodeTimeoutSet,
+		// A TryAcquire, a call with a node timeout of its own, and a first
+		// attempt while every node answers, that lost waits for the
+		// answers still due, so that its undo does not go to nodes that
+		// refused (a fleet's losers sent one undo per scheduled time
+		// each). Otherwise a first attempt does not wait for a node that
+		// is down: a frozen node would delay every handoff by the node
+		// timeout.
+		settle: !retrying || l.cfg.nodeTimeoutSet || n == 1 && !c.anyDown(),
 	}
 	if !retrying && len(l.keys) == 1 {
 		// A plain one-key lock tried once: SET NX GET does what the script
