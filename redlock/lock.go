@@ -240,7 +240,8 @@ func (l *Lock) FencingToken() uint64 {
 	return l.fenceTok
 }
 
-// Metadata returns the metadata stored with the lock (WithMetadata).
+// Metadata returns the metadata stored with the lock (WithMetadata, or the
+// granted attempt's WithMetadataFunc result). Safe for concurrent use.
 func (l *Lock) Metadata() string {
 	if l == nil {
 		return ""
