@@ -200,9 +200,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 		none = none && skip[i]
 	}
 	if !none { // else every node refused: nothing to undo
-		undo := c.releaseSpec(l, "undo", value, aid, "", skip)
-		undo.async = true
-		c.round(ctx, undo)
+		c.undo(ctx, c.releaseCall(l, "undo", value, aid, ""), skip)
 	}
 	return qerr
 }
@@ -229,7 +227,7 @@ func (l *Lock) nextAttempt() (value, aid string) {
 // acquireSpec returns the acquire round of one attempt (scripts/acquire.lua
 // for its arguments). An Acquire's attempt (retrying) marks a refusing
 // holder's key for a release notice, unless notices are off.
-func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) roundSpec {
+func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) broadcast {
 	fencing, wait := "0", "0"
 	if l.cfg.fencing {
 		fencing = "1"
@@ -237,10 +235,10 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 	if retrying && !c.cfg.noWake {
 		wait = "1"
 	}
-	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
+	spec := broadcast{call: call{op: "acquire", timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
 		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
 			l.cfg.recordTTL.Milliseconds(), markArg(l.cfg), l.cfg.markTTL.Milliseconds()},
-		parse: parseAcquire(l, value), parseSet: parseSetGet(l, value),
+		parse: parseAcquire(l, value)}, attempt: n, ttl: l.ttl,
 		// Acquire's retries do not wait for a node that timed out until
 		// it answers again; a first attempt (and TryAcquire, which a
 		// caller may retry through a burst that only slows the nodes)
@@ -249,12 +247,16 @@ func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) r
 		// A TryAcquire that lost waits for the answers still due, so that
 		// its undo does not go to nodes that refused (a fleet's losers
 		// sent one undo per tick each).
-		settle: !retrying,
+		wait: untilKnown,
+	}
+	if !retrying {
+		spec.wait = untilSettled
 	}
 	if !retrying && len(l.keys) == 1 {
 		// A plain one-key lock tried once: SET NX GET does what the script
 		// does there, and Redis runs a plain command faster than a script.
-		spec.setGet = []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"} // keys: spec.keys
+		spec.plain = &call{op: "acquire", args: []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"},
+			keys: l.keys, parse: parseSetGet(l, value)}
 	}
 	return spec
 }

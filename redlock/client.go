@@ -346,8 +346,8 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 	if c.closed.Load() {
 		return "", false, wrapf([]error{ErrClosed}, "holder of %s unknown: the client is closed", quoteName(resource))
 	}
-	rs := c.round(ctx, roundSpec{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
-		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet, waitAll: true})
+	rs := c.read(ctx, call{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
+		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet})
 	votes, best := map[string]int{}, 0
 	for _, r := range rs {
 		if r.Outcome != OutcomeOK || r.value == "" {

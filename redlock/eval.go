@@ -89,7 +89,7 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 		}
 		prefixed[i] = c.cfg.keyPrefix + k
 	}
-	rs := c.round(ctx, roundSpec{op: "eval", timeout: s.timeout, script: s.s, keys: prefixed, args: args, parse: parseEval})
+	rs := c.vote(ctx, call{op: "eval", timeout: s.timeout, script: s.s, keys: prefixed, args: args, parse: parseEval})
 	out := make([]NodeReply, len(rs))
 	for i, r := range rs {
 		out[i] = NodeReply{Node: r.Node, Addr: r.Addr, Val: r.val, Err: r.Err}
@@ -192,7 +192,7 @@ func (r *releaseLog) check() error {
 }
 
 // add appends the log's key and arguments to a release round (nil: none).
-func (r *releaseLog) add(spec *roundSpec, prefix string) {
+func (r *releaseLog) add(spec *call, prefix string) {
 	if r == nil {
 		return
 	}

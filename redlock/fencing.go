@@ -40,7 +40,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, aid string, rs []NodeResult
 		}
 	}
 	if kept > 0 && largest <= kept {
-		crs := c.round(ctx, roundSpec{op: "check", timeout: l.cfg.nodeTimeout, script: checkScript, keys: l.counterKeys(),
+		crs := c.vote(ctx, call{op: "check", timeout: l.cfg.nodeTimeout, script: checkScript, keys: l.counterKeys(),
 			args: []any{strconv.FormatUint(kept, 10)}, parse: parseCheck})
 		switch {
 		case count(crs, OutcomeOK) >= c.quorum:
@@ -54,7 +54,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, aid string, rs []NodeResult
 			}
 		}
 	}
-	frs := c.round(ctx, roundSpec{op: "fence", timeout: l.cfg.nodeTimeout, script: fenceScript, keys: l.counterKeys(),
+	frs := c.vote(ctx, call{op: "fence", timeout: l.cfg.nodeTimeout, script: fenceScript, keys: l.counterKeys(),
 		args: []any{strconv.FormatUint(token, 10), c.cfg.fencingRetention.Milliseconds()}, parse: parseInt(1)})
 	if count(frs, OutcomeOK) < c.quorum {
 		return 0, newQuorumError("fence", l.resources, c.quorum, frs, false, ErrNotAcquired)
@@ -62,7 +62,7 @@ func (c *Client) fence(ctx context.Context, l *Lock, aid string, rs []NodeResult
 	if aid != "" {
 		// Best effort: a node without the note gives the next re-entry
 		// a new token, which is larger.
-		c.round(ctx, roundSpec{op: "note", timeout: l.cfg.nodeTimeout, script: noteScript, keys: l.keys[l.n : 2*l.n],
+		c.vote(ctx, call{op: "note", timeout: l.cfg.nodeTimeout, script: noteScript, keys: l.keys[l.n : 2*l.n],
 			args: []any{strconv.FormatUint(token, 10), aid}, parse: parseInt(1)})
 	}
 	return token, nil

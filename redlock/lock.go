@@ -410,8 +410,8 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	if c.cfg.gate > 0 {
 		keys = append(slices.Clip(keys), c.gateKeys()...)
 	}
-	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: keys,
-		args: []any{value, ttl.Milliseconds(), reentrant, aid, c.cfg.gate.Milliseconds()}, parse: parseExtend, deadline: until})
+	rs := c.voteUntil(ctx, call{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: keys,
+		args: []any{value, ttl.Milliseconds(), reentrant, aid, c.cfg.gate.Milliseconds()}, parse: parseExtend}, until)
 	err = l.extended(ctx, rs, start, ttl)
 	if errors.Is(err, ErrLockLost) {
 		l.dropRegained(ctx, rs, value, aid)
@@ -431,9 +431,7 @@ func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value, aid str
 	if none {
 		return
 	}
-	undo := l.c.releaseSpec(l, "release", value, aid, "", skip)
-	undo.async = true
-	l.c.round(ctx, undo)
+	l.c.undo(ctx, l.c.releaseCall(l, "release", value, aid, ""), skip)
 }
 
 // extended records the outcome of an extend round that started at start
@@ -531,9 +529,9 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
 	notice := c.wake.noticeID()
-	spec := c.releaseSpec(l, "release", value, aid, notice, nil)
-	log.add(&spec, c.cfg.keyPrefix)
-	rs := c.round(ctx, spec)
+	k := c.releaseCall(l, "release", value, aid, notice)
+	log.add(&k, c.cfg.keyPrefix)
+	rs := c.release(ctx, k, nil)
 	ok, left := count(rs, OutcomeOK), keysLeft(rs)
 	if ok >= c.quorum {
 		c.wake.released(l.keys[:l.n], notice)
@@ -611,14 +609,14 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// releaseSpec returns a round that runs the release script for one
-// attempt's value: op "release" (Release) or "undo" (a failed attempt: its
-// "held" answers are another holder's keys). notice is the payload of the
-// release notices ("" for none: only Release wakes waiters). Its calls are
-// cleanups (roundSpec.cleanup).
+// releaseCall returns the release script's call for one attempt's value:
+// op "release" (Release) or "undo" (a failed attempt: its "held" answers
+// are another holder's keys). notice is the payload of the release
+// notices ("" for none: only Release wakes waiters). It goes out as a
+// cleanup (release, undo).
 // An undo deletes the attempt's record too, and puts back the mark before
 // its own.
-func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool) roundSpec {
+func (c *Client) releaseCall(l *Lock, op, value, aid, notice string) call {
 	keys, want, mark := l.ownedKeys(), l.n, ""
 	if op == "undo" && l.cfg.record != "" {
 		keys, want = append(slices.Clip(keys), l.c.cfg.keyPrefix+l.cfg.record), l.n+1
@@ -626,8 +624,8 @@ func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool
 	if op == "undo" && l.cfg.mark != "" {
 		keys, mark = append(slices.Clip(keys), l.keys[len(l.keys)-1]), "1"
 	}
-	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice, mark},
-		parse: parseInt(int64(want)), skip: skip, cleanup: true}
+	return call{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice, mark},
+		parse: parseInt(int64(want))}
 }
 
 // parseExtend reads the extend script's reply: 1 extended; 0 held by

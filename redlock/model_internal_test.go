@@ -50,7 +50,7 @@ func TestModelBuildsTheClientsCalls(t *testing.T) {
 				got := c.acquireSpec(l, value, aid, 2, true)
 				same(t, name+" acquire", got.keys, got.args, spec.AcquireCall(value, aid, 1500))
 				for _, op := range []string{"undo", "release"} {
-					got := c.releaseSpec(l, op, value, aid, "", nil)
+					got := c.releaseCall(l, op, value, aid, "")
 					same(t, name+" "+op, got.keys, got.args, spec.ReleaseCall(value, aid, op == "undo", nil))
 				}
 				if err := c.Close(context.Background()); err != nil {

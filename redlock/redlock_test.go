@@ -1180,7 +1180,7 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 	}{
 		// SET NX GET (TryAcquire only) is not here: a lost TryAcquire
 		// waits for every answer, the re-sent script's included, before it
-		// queues its undo (roundSpec.settle), so the two never share a
+		// queues its undo (untilSettled, round.go), so the two never share a
 		// pipeline; TestLostTryAcquireSendsNoNeedlessUndo covers the wait.
 		{"NOSCRIPT", true, []redlock.AcquireOption{redlock.WithOwner("o")}}, // a reentrant lock gets the script
 	} {
