@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/schedlock/schedlock/redlock/internal/script"
 	"github.com/schedlock/schedlock/tracing"
 )
 
@@ -504,4 +506,60 @@ func countTrue(bs []bool) int {
 		}
 	}
 	return n
+}
+
+// The layers of waking (scripts/wake.lua): an Acquire's attempts mark a
+// refusing holder's key (wakeMark), and every Release of a Client with
+// notices on publishes a notice where it deletes a marked key
+// (wakeNotice).
+
+//go:embed scripts/wake.lua
+var wakeSrc string
+
+var (
+	wakeHooks      = script.Parse(wakeSrc)
+	wakeMarkPart   = script.Part{Name: "wake", Hooks: map[string]string{"refused": wakeHooks["refused"]}}
+	wakeNoticePart = script.Part{Name: "wake", Args: 1, Hooks: map[string]string{"deleted": wakeHooks["deleted"]}}
+)
+
+// wakeMark is the layer of an Acquire's Lock while notices are on.
+type wakeMark struct{ baseLayer }
+
+func newWakeMark(c *Client, _ *lockConfig, _ []string, retrying bool) (layer, error) {
+	if !retrying || c.cfg.noWake {
+		return nil, nil
+	}
+	return wakeMark{}, nil
+}
+
+func (wakeMark) part() script.Part { return wakeMarkPart }
+
+// wakeNotice is the layer of every Lock while notices are on.
+type wakeNotice struct {
+	baseLayer
+	w *waker
+}
+
+func newWakeNotice(c *Client, _ *lockConfig, _ []string, _ bool) (layer, error) {
+	if c.cfg.noWake {
+		return nil, nil
+	}
+	return wakeNotice{w: c.wake}, nil
+}
+
+func (wakeNotice) part() script.Part { return wakeNoticePart }
+
+// args passes a Release's notice ID, "" for a cleanup that wakes nobody.
+func (n wakeNotice) args(_ scriptKind, a *attempt) []any {
+	if !a.notify {
+		return []any{""}
+	}
+	return []any{n.w.noticeID()}
+}
+
+// released counts the release for this Client's own waiters.
+func (n wakeNotice) released(l *Lock, args []any) {
+	if id, _ := args[0].(string); id != "" {
+		n.w.released(l.keys[:l.n], id)
+	}
 }

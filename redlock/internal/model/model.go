@@ -282,9 +282,10 @@ func (mm *m) execute(s *State, msg Msg) Reply {
 		case 1:
 			rep := Reply{Out: 'O'}
 			if mm.cfg.Fencing {
-				rep.R1, rep.R2, rep.R3 = v[1], v[2], v[3]
+				at := c.Layout().Reply("fencing")
+				rep.R1, rep.R2, rep.R3 = v[at], v[at+1], v[at+2]
 				if mm.cfg.Bugs.NoClockFloor {
-					rep.R1 = v[2] + 1
+					rep.R1 = v[at+1] + 1
 				}
 			}
 			return rep
