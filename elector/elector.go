@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -244,8 +243,7 @@ func (cfg *config) validate(client *redlock.Client, name string) error {
 		return invalidf("retry period %v (WithRetryPeriod) must be above 0 and below the lease TTL %v", cfg.retry, cfg.ttl)
 	}
 	if err := client.CheckTTL(cfg.ttl); err != nil {
-		why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
-		return &textError{msg: fmt.Sprintf("elector: invalid argument: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, why), errs: []error{err}}
+		return &textError{msg: fmt.Sprintf("elector: lease TTL %v (WithLeaseTTL): %s", cfg.ttl, redlock.ErrorText(err)), errs: []error{err}}
 	}
 	return nil
 }
@@ -266,10 +264,6 @@ type textError struct {
 
 func (e *textError) Error() string   { return e.msg }
 func (e *textError) Unwrap() []error { return e.errs }
-
-// redlockText returns the text of a redlock error without its package
-// prefix, to be quoted in the text of an error that wraps it.
-func redlockText(err error) string { return strings.TrimPrefix(err.Error(), "redlock: ") }
 
 // Identity returns this candidate's identity.
 func (e *Elector) Identity() string { return e.cfg.identity }
@@ -333,9 +327,7 @@ func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 	id, held, err := e.client.HolderMetadata(ctx, e.res)
 	switch {
 	case err != nil:
-		// redlock's text names the lease's key: the election's name says it.
-		why := strings.TrimPrefix(redlockText(err), fmt.Sprintf("holder of %q unknown: ", e.res))
-		return "", &textError{msg: fmt.Sprintf("elector: leader of %q unknown: %s", e.name, why), errs: []error{err}}
+		return "", &textError{msg: fmt.Sprintf("elector: leader of %q: %s", e.name, redlock.ErrorText(err)), errs: []error{err}}
 	case !held:
 		return "", ErrNoLeader
 	}
@@ -371,36 +363,12 @@ func (e *Elector) Run(ctx context.Context) error {
 			e.lead(ctx, lease, span.SpanContext())
 			continue
 		}
-		var qerr *redlock.QuorumError
-		if errors.As(err, &qerr) {
-			if holder, ok := qerr.HolderMetadata(); ok {
-				span.SetAttributes(tracing.Holder.String(holder))
-				e.observe(holder)
-			}
-		}
-		span.SetAttributes(tracing.Outcome.String(campaignOutcome(err)))
-		switch {
-		case errors.Is(err, redlock.ErrUnavailable):
-			span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeUnavailable))
-			span.SetStatus(codes.Error, err.Error())
-		case errors.Is(err, redlock.ErrMisconfigured):
-			span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeMisconfigured))
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
+		e.endCampaign(span, err)
 		if errors.Is(err, redlock.ErrClosed) {
 			return &textError{msg: fmt.Sprintf("elector: campaign for %q stopped: the redlock client is closed", e.name), errs: []error{err}}
 		}
-		switch {
-		case ctx.Err() != nil:
-		case errors.Is(err, redlock.ErrMisconfigured):
-			// It lasts until an operator acts: once a minute, not at every retry.
-			if time.Since(misconfigLogged) >= time.Minute {
-				misconfigLogged = time.Now()
-				e.log.Warn("elector: campaign failed (logged at most once a minute while the nodes are misconfigured)", "election", e.name, "err", err)
-			}
-		case !errors.Is(err, redlock.ErrNotAcquired):
-			e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
+		if ctx.Err() == nil {
+			misconfigLogged = e.logCampaign(err, misconfigLogged)
 		}
 		wait := e.cfg.retry + rand.N(e.cfg.retry/10+1)
 		t := time.NewTimer(wait)
@@ -411,6 +379,46 @@ func (e *Elector) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// endCampaign ends the span of a campaign that failed with err: its
+// outcome, the holder that a quorum named (which e observes), and for
+// unavailable or misconfigured nodes the error type and status.
+func (e *Elector) endCampaign(span trace.Span, err error) {
+	defer span.End()
+	var qerr *redlock.QuorumError
+	if errors.As(err, &qerr) {
+		if holder, ok := qerr.HolderMetadata(); ok {
+			span.SetAttributes(tracing.Holder.String(holder))
+			e.observe(holder)
+		}
+	}
+	span.SetAttributes(tracing.Outcome.String(campaignOutcome(err)))
+	switch {
+	case errors.Is(err, redlock.ErrUnavailable):
+		span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeUnavailable))
+		span.SetStatus(codes.Error, err.Error())
+	case errors.Is(err, redlock.ErrMisconfigured):
+		span.SetAttributes(semconv.ErrorTypeKey.String(tracing.ErrorTypeMisconfigured))
+		span.SetStatus(codes.Error, err.Error())
+	}
+}
+
+// logCampaign logs a campaign that failed with err for another reason
+// than a holder: misconfigured nodes at most once a minute (they stay so
+// until an operator acts), other failures each time. It returns when
+// misconfigured nodes were last logged, given misconfigLogged before.
+func (e *Elector) logCampaign(err error, misconfigLogged time.Time) time.Time {
+	switch {
+	case errors.Is(err, redlock.ErrMisconfigured):
+		if time.Since(misconfigLogged) >= time.Minute {
+			e.log.Warn("elector: campaign failed (logged at most once a minute while the nodes are misconfigured)", "election", e.name, "err", err)
+			return time.Now()
+		}
+	case !errors.Is(err, redlock.ErrNotAcquired):
+		e.log.Warn("elector: campaign failed", "election", e.name, "err", err)
+	}
+	return misconfigLogged
 }
 
 // campaignOutcome names the outcome of a failed campaign.

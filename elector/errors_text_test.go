@@ -69,7 +69,7 @@ func TestNewErrorTexts(t *testing.T) {
 		{"nil option", client, "x", []elector.Option{elector.WithIdentity("a"), nil},
 			"elector: invalid argument: option 2 of 2 is nil"},
 		{"lease above the restart gate", gated, "x", nil,
-			"elector: invalid argument: lease TTL 10s (WithLeaseTTL): TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)"},
+			"elector: lease TTL 10s (WithLeaseTTL): invalid argument: TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,7 +108,7 @@ func TestLeaderUnknownText(t *testing.T) {
 	}
 	_, err = e.Leader(context.Background())
 	checkText(t, "Leader with 2 of 3 nodes down", err, redlock.ErrUnavailable,
-		`elector: leader of "x" unknown: 1 of 3 nodes answered, quorum is 2, too many nodes failed: `+
+		`elector: leader of "x": holder of "schedlock:elector:x" unknown: 1 of 3 nodes answered, quorum is 2, too many nodes failed: `+
 			addrs[0]+` answered; `+addrs[1]+` no answer within the 100ms node timeout; `+addrs[2]+` no answer within the 100ms node timeout`)
 }
 

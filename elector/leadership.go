@@ -128,7 +128,7 @@ func Leaderships(ctx context.Context, client *redlock.Client, names []string, op
 		return out, herr
 	}
 	if rerr != nil {
-		return out, &textError{msg: "elector: reading the term records: " + redlockText(rerr), errs: []error{rerr}}
+		return out, &textError{msg: "elector: reading the term records: " + redlock.ErrorText(rerr), errs: []error{rerr}}
 	}
 	return out, nil
 }

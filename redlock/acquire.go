@@ -22,7 +22,11 @@ import (
 // quorum granted and the validity left (TTL - elapsed - drift, measured
 // from this round's own start) is at least the minimum. A failed round is
 // undone on every node that may have granted, also on those that did not
-// answer. ttl is rounded down to whole milliseconds.
+// answer; a first round that can no longer succeed waits for the answers
+// still due (at most the node timeout), so that its undo goes only to
+// nodes that may have granted. After each failed round the retry
+// condition (WithRetryIf), if any, may stop the call. ttl is rounded down
+// to whole milliseconds.
 //
 // Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
 // matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
@@ -55,6 +59,9 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 			return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired%s: the client is closed",
 				lockName(l.resources), attemptsText(attempts-1))
 		}
+		if err := l.nextMetadata(); err != nil {
+			return nil, err
+		}
 		w.beforeAttempt()
 		q := c.attempt(ctx, l, attempts, true)
 		if q == nil {
@@ -67,25 +74,40 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 			return nil, l.fail(ctx, attempts, last)
 		}
 		last = q
-		d := policy.NextBackOff()
 		if splitVote(q) {
 			splits++
 		} else {
 			splits = 0
 		}
-		if d != backoff.Stop && splits > 0 {
-			d = min(d, splitDelay(splits)) // the resource is free: retry soon, at a random moment
-		}
-		if d == backoff.Stop {
-			l.end()
-			return nil, wrapf([]error{last}, "%s not acquired%s: the retry policy (WithRetry) gave up; %s: %s",
-				lockName(l.resources), attemptsText(attempts), lastAttempt(attempts), last.body())
+		d, err := l.nextDelay(policy, attempts, splits, q)
+		if err != nil {
+			return nil, err
 		}
 		w.sleep(ctx, last, d)
 		if ctx.Err() != nil {
 			return nil, l.fail(ctx, attempts, last)
 		}
 	}
+}
+
+// nextDelay returns the delay before the attempt after attempt n, which
+// failed with q after splits split votes in a row, or the error that ends
+// the acquisition: the retry condition (WithRetryIf) or the retry policy
+// stopped it.
+func (l *Lock) nextDelay(policy backoff.BackOff, n, splits int, q *QuorumError) (time.Duration, error) {
+	stop, d := "the retry condition (WithRetryIf) stopped it", time.Duration(backoff.Stop)
+	if l.cfg.retryIf == nil || l.cfg.retryIf(n, q) {
+		stop, d = "the retry policy (WithRetry) gave up", policy.NextBackOff()
+	}
+	switch {
+	case d == backoff.Stop:
+		l.end()
+		return 0, wrapf([]error{q}, "%s not acquired%s: %s; %s: %s",
+			lockName(l.resources), attemptsText(n), stop, lastAttempt(n), q.body())
+	case splits > 0:
+		return min(d, splitDelay(splits)), nil // the resource is free: retry soon, at a random moment
+	}
+	return d, nil
 }
 
 // TryAcquire is Acquire with exactly one quorum round and no retry. For
@@ -109,6 +131,9 @@ func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Du
 	}
 	if ctx.Err() != nil {
 		return nil, l.fail(ctx, 0, nil)
+	}
+	if err := l.nextMetadata(); err != nil {
+		return nil, err
 	}
 	attempts = 1
 	if q := c.attempt(ctx, l, 1, false); q != nil {
@@ -182,6 +207,7 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 		qerr = newQuorumError("acquire", l.resources, c.quorum, rs, false, ErrNotAcquired)
 		qerr.weak, qerr.validity, qerr.minimum = true, v, time.Duration(float64(l.ttl)*c.cfg.minValidity)
 	}
+	qerr.refusal = l.cfg.refusalText
 	// Undo on every node that may have granted, also where the answer is
 	// missing or an error (step 5); "held" and "gated" answers set nothing.
 	// Why the undo never overtakes its own grant on a node: Client.undo.
@@ -194,6 +220,21 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 		c.undo(ctx, l.releaseCall(kindUndo, a).call, skip)
 	}
 	return qerr
+}
+
+// nextMetadata sets the metadata of the next attempt from WithMetadataFunc,
+// if given; a result that is too long ends the acquisition.
+func (l *Lock) nextMetadata() error {
+	if l.cfg.metadataFunc == nil {
+		return nil
+	}
+	md := l.cfg.metadataFunc()
+	if len(md) > MaxMetadata {
+		l.end()
+		return invalidf("metadata (WithMetadataFunc) is %d bytes, more than the maximum %d", len(md), MaxMetadata)
+	}
+	l.cfg.metadata = md
+	return nil
 }
 
 // granted returns nil when a quorum of rs granted attempt a and its
@@ -237,12 +278,15 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 		// caller may retry through a burst that only slows the nodes)
 		// waits for every node.
 		skipDown: retrying && n > 1,
-		// A TryAcquire that lost waits for the answers still due, so that
-		// its undo does not go to nodes that refused (a fleet's losers
-		// sent one undo per tick each).
-		wait: untilKnown,
+		wait:     untilKnown,
 	}
-	if !retrying {
+	if !retrying || n == 1 && !c.anyDown() {
+		// A TryAcquire, and a first attempt while every node answers, that
+		// lost waits for the answers still due, so that its undo does not
+		// go to nodes that refused (a fleet's losers sent one undo per
+		// scheduled time each). A first attempt does not wait for a node
+		// that is down: a frozen node would delay every handoff by the
+		// node timeout.
 		spec.wait = untilSettled
 	}
 	if !retrying && len(l.keys) == 1 && len(k.in) == 0 {
@@ -252,6 +296,12 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 			keys: l.keys, parse: parseSetGet(l, value)}
 	}
 	return spec
+}
+
+// anyDown reports whether a node is down: its last call got no answer
+// within the node timeout, and it has not answered since.
+func (c *Client) anyDown() bool {
+	return slices.ContainsFunc(c.peers, func(p *peer) bool { return p.down.Load() })
 }
 
 // parseAcquire returns the reader of the replies to k, l's acquire

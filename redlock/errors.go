@@ -102,6 +102,17 @@ func detail(err error) string {
 	if q, ok := err.(*QuorumError); ok {
 		return q.body()
 	}
+	return ErrorText(err)
+}
+
+// ErrorText returns the text of err without the "redlock: " prefix that
+// this package's errors begin with, for a caller that quotes err after a
+// prefix of its own (one package prefix per text); the text of any other
+// error is returned whole. A nil err gives "". Safe for concurrent use.
+func ErrorText(err error) string {
+	if err == nil {
+		return ""
+	}
 	return strings.TrimPrefix(err.Error(), "redlock: ")
 }
 
@@ -276,6 +287,7 @@ type QuorumError struct {
 	weak              bool
 	validity, minimum time.Duration
 	sentinels         []error
+	refusal           func(NodeResult) string // WithRefusalText
 }
 
 // newQuorumError builds the error of a failed round: it matches the given
@@ -521,6 +533,9 @@ func timeoutText(r NodeResult) string {
 // has several or the refusing key is its record (WithRecord) or mark
 // (WithHighWater: `"m" is at mark 120, set by "worker-2"`).
 func refusedText(e *QuorumError, r NodeResult) string {
+	if e.refusal != nil {
+		return e.refusal(r)
+	}
 	var b strings.Builder
 	if r.Resource != "" && (len(e.Resources) != 1 || r.Resource != e.Resources[0]) {
 		b.WriteString(quoteName(r.Resource) + " ")

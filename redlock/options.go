@@ -95,11 +95,15 @@ type lockConfig struct {
 	extendEvery    time.Duration
 	nodeTimeout    time.Duration // WithNodeTimeout given to the call
 	nodeTimeoutSet bool
-	record         string        // WithRecord: resource name, "" for none
-	recordTTL      time.Duration // WithRecord
-	mark           string        // WithHighWater: resource name, "" for none
-	markAt         int64         // WithHighWater
-	markTTL        time.Duration // WithHighWater
+	record         string                           // WithRecord: resource name, "" for none
+	recordTTL      time.Duration                    // WithRecord
+	mark           string                           // WithHighWater: resource name, "" for none
+	markAt         int64                            // WithHighWater
+	markTTL        time.Duration                    // WithHighWater
+	retryIf        func(n int, q *QuorumError) bool // WithRetryIf: nil retries always
+	metadataFunc   func() string                    // WithMetadataFunc
+	noWake         bool                             // WithReleaseNotices(false) given to the call or to New
+	refusalText    func(NodeResult) string          // WithRefusalText
 }
 
 type clientOption func(*config)
@@ -178,9 +182,18 @@ func WithLogger(l *slog.Logger) Option {
 // publish nothing either. While an Acquire waits, the Client keeps one
 // PubSub connection and two goroutines per node; they end when no Acquire
 // waits any more, and at Close.
-func WithReleaseNotices(on bool) Option {
-	return clientOption(func(c *config) { c.noWake = !on })
-}
+//
+// Given to a call (Acquire, Do), WithReleaseNotices(false) makes that call
+// poll with its retry delay and mark no holder's key, so that the holder's
+// release publishes nothing for it (package scheduler's Lock: its losers
+// do not wait). A call cannot turn notices on when its Client has them
+// off.
+func WithReleaseNotices(on bool) LockOption { return releaseNoticesOption(on) }
+
+type releaseNoticesOption bool
+
+func (o releaseNoticesOption) applyClient(c *config)   { c.noWake, c.lock.noWake = !bool(o), !bool(o) }
+func (o releaseNoticesOption) applyLock(l *lockConfig) { l.noWake = !bool(o) }
 
 // WithFencingRetention sets how long a resource's fencing counter is kept
 // after its last fenced acquisition (the counter keys' TTL, refreshed by
@@ -245,6 +258,42 @@ func WithFencing(on bool) LockOption {
 // MaxMetadata bytes.
 func WithMetadata(m string) LockOption {
 	return lockOption(func(l *lockConfig) { l.metadata = m })
+}
+
+// WithMetadataFunc is WithMetadata with metadata that f gives anew at the
+// start of each attempt, for instance with a clock reading of that
+// moment (package scheduler's run locks). It overrides WithMetadata; a
+// result longer than MaxMetadata bytes ends the call with
+// ErrInvalidArgument before that attempt is sent. f runs on the calling
+// goroutine. Lock.Metadata returns the granted attempt's metadata.
+func WithMetadataFunc(f func() string) LockOption {
+	return lockOption(func(l *lockConfig) { l.metadataFunc = f })
+}
+
+// WithRetryIf sets a condition on retrying: after each failed round of
+// Acquire or Do, retry is called with the round's number (1 for the
+// first) and its error, before the retry policy (WithRetry) is asked for
+// the delay; when it returns false, the call stops and returns an error
+// that matches ErrNotAcquired and wraps q (errors.As). It is not called
+// for a round that ctx ended. It runs on the calling goroutine between
+// rounds and may do I/O (package scheduler's Lock stops when another
+// instance holds its job on a quorum, and deletes a leftover of its own
+// failed attempt before it retries). Default nil: retry while the policy
+// allows. TryAcquire does not retry and does not call it.
+func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
+	return lockOption(func(l *lockConfig) { l.retryIf = retry })
+}
+
+// WithRefusalText sets how the call's error texts describe a node that
+// refused its acquisition: text(r) replaces the default `held by
+// "worker-2" for another 850ms` (or `"m" is at mark 120, set by
+// "worker-2"`) after the node's address, for callers whose metadata or
+// marks mean something the default cannot say (package scheduler names
+// the instance and the scheduled time). r is the node's result
+// (Outcome OutcomeHeld). text must be safe for concurrent use; it runs
+// when the text is built. Default nil: the default text.
+func WithRefusalText(text func(r NodeResult) string) LockOption {
+	return lockOption(func(l *lockConfig) { l.refusalText = text })
 }
 
 // WithOwner makes the lock reentrant for owner (reentrant.go): an

@@ -204,6 +204,19 @@ func TestLostTryAcquireSendsNoNeedlessUndo(t *testing.T) {
 	if n := h.n.Load(); n != 5*3 {
 		t.Errorf("5 refused TryAcquires sent %d commands, want 15 (no undo)", n)
 	}
+	// An Acquire's first round settles too (package scheduler's losers
+	// stop after it, WithRetryIf).
+	h.n.Store(0)
+	stop := redlock.WithRetryIf(func(int, *redlock.QuorumError) bool { return false })
+	for range 5 {
+		if _, err := c.Acquire(ctx, []string{"r"}, time.Second, stop, redlock.WithReleaseNotices(false)); !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Fatalf("Acquire of a held resource: %v", err)
+		}
+	}
+	waitSettled(t, c)
+	if n := h.n.Load(); n != 5*3 {
+		t.Errorf("5 Acquires refused at their first round sent %d commands, want 15 (no undo)", n)
+	}
 }
 
 // scriptHook counts the scripts and SET commands sent (not go-redis's

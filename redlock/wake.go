@@ -132,7 +132,7 @@ func (wt *waiter) beforeAttempt() {
 // the first time a holder refused.
 func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
 	w := wt.w
-	if !w.off && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
+	if !w.off && !wt.l.cfg.noWake && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
 		wt.channels = make([]string, wt.l.n)
 		for i, k := range wt.l.keys[:wt.l.n] {
 			wt.channels[i] = k + releasedSuffix
@@ -522,11 +522,12 @@ var (
 	wakeNoticePart = script.Part{Name: "wake", Args: 1, Hooks: map[string]string{"deleted": wakeHooks["deleted"]}}
 )
 
-// wakeMark is the layer of an Acquire's Lock while notices are on.
+// wakeMark is the layer of an Acquire's Lock while notices are on for the
+// Client and the call.
 type wakeMark struct{ baseLayer }
 
-func newWakeMark(c *Client, _ *lockConfig, _ []string, retrying bool) (layer, error) {
-	if !retrying || c.cfg.noWake {
+func newWakeMark(c *Client, cfg *lockConfig, _ []string, retrying bool) (layer, error) {
+	if !retrying || c.cfg.noWake || cfg.noWake {
 		return nil, nil
 	}
 	return wakeMark{}, nil

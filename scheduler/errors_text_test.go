@@ -104,7 +104,7 @@ func TestLockerRejectsTTLsTheClientRejects(t *testing.T) {
 		return c
 	}
 	_, err := scheduler.NewLocker(gated(5 * time.Second))
-	checkText(t, "NewLocker, gate 5s", err, "scheduler: invalid argument: run lock TTL 10s (WithTTL): "+
+	checkText(t, "NewLocker, gate 5s", err, "scheduler: run lock TTL 10s (WithTTL): invalid argument: "+
 		"TTL 10s is above the restart gate's maximum TTL 5s (WithRestartGating)", redlock.ErrInvalidArgument)
 	_, err = scheduler.NewLocker(gated(10*time.Second), scheduler.WithMisfireThreshold(time.Minute))
 	checkText(t, "NewLocker, gate 10s, misfire threshold 1m", err, "scheduler: invalid argument: misfire threshold 1m0s (WithMisfireThreshold) "+
@@ -259,19 +259,47 @@ func TestMisconfiguredText(t *testing.T) {
 }
 
 // TestHoldersAreNamedByInstance: a redlock error quoted in a Lock's error
-// names the instances that hold the job, not their run locks' metadata.
+// names the instance that holds the job, not its run lock's metadata.
 func TestHoldersAreNamedByInstance(t *testing.T) {
-	q := &redlock.QuorumError{Op: "acquire", Resources: []string{"schedlock:job:report"}, Quorum: 2, Nodes: []redlock.NodeResult{
-		{Node: 0, Addr: "10.0.0.1:6379", Outcome: redlock.OutcomeHeld, Holder: "app/vm-514-915e@1796180510000/b324c077/2750", HolderTTL: 2686 * time.Millisecond},
-		{Node: 1, Addr: "10.0.0.2:6379", Outcome: redlock.OutcomeHeld, Holder: "vm-2@1796180510001/aa/2750", HolderTTL: time.Second},
-		{Node: 2, Addr: "10.0.0.3:6379", Outcome: redlock.OutcomeHeld, Holder: "vm-3@1796180510002/bb/2592000000", Resource: "schedlock:taken:report",
-			HolderTTL: 719 * time.Hour, HolderMark: time.Date(2026, 12, 2, 8, 28, 45, 0, time.UTC).UnixMilli()},
-	}}
-	got := scheduler.RedlockText(q)
-	want := `lock "schedlock:job:report" not acquired: 0 of 3 nodes granted, quorum is 2: ` +
-		`10.0.0.1:6379 held by instance "app/vm-514-915e" for another 2.686s; 10.0.0.2:6379 held by instance "vm-2" for another 1s; ` +
-		`10.0.0.3:6379 "schedlock:taken:report" holds the scheduled time 2026-12-02T08:28:45Z, set by instance "vm-3"`
-	if got != want {
+	c, ms := miniClient(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, b := twoLockers(t, c, clock)
+	ctx := context.Background()
+	held, err := a.Lock(ctx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Unlock(ctx)
+	ms[1].RequireAuth("secret")
+	ms[2].RequireAuth("secret")
+	_, err = b.Lock(ctx, "report")
+	if !errors.Is(err, redlock.ErrMisconfigured) {
+		t.Fatalf("Lock with 2 of 3 nodes refusing the password = %v, want ErrMisconfigured", err)
+	}
+	for _, want := range []string{`skipped: Redis nodes misconfigured: lock "schedlock:job:report" not acquired`,
+		`the job's record holds the scheduled time 2026-01-01T12:00:00Z, taken by instance "a"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Lock error %q does not contain %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), `"a@`) {
+		t.Errorf("Lock error %q quotes the run lock's metadata", err)
+	}
+}
+
+// TestRefusalTextNamesTheScheduledTime: the job's record of scheduled
+// times is described by the time it holds and the instance that took it,
+// a run lock by the instance that holds it.
+func TestRefusalTextNamesTheScheduledTime(t *testing.T) {
+	r := redlock.NodeResult{Outcome: redlock.OutcomeHeld, Holder: "vm-3@1796180510002/bb/2592000000", Resource: "schedlock:taken:report",
+		HolderTTL: 719 * time.Hour, HolderMark: time.Date(2026, 12, 2, 8, 28, 45, 0, time.UTC).UnixMilli()}
+	want := `the job's record holds the scheduled time 2026-12-02T08:28:45Z, taken by instance "vm-3"`
+	if got := scheduler.RefusalText(r); got != want {
+		t.Errorf("text\n%s\nwant\n%s", got, want)
+	}
+	r = redlock.NodeResult{Outcome: redlock.OutcomeHeld, Holder: "app/vm-514-915e@1796180510000/b324c077/2750", HolderTTL: 2686 * time.Millisecond}
+	want = `the run lock is held by instance "app/vm-514-915e" for another 2.686s`
+	if got := scheduler.RefusalText(r); got != want {
 		t.Errorf("text\n%s\nwant\n%s", got, want)
 	}
 }

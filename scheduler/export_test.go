@@ -8,5 +8,5 @@ func IndexedNames(s *Scheduler) int {
 	return len(s.names)
 }
 
-// RedlockText is redlockText (for the tests of package scheduler_test).
-var RedlockText = redlockText
+// RefusalText is refusalText (for the tests of package scheduler_test).
+var RefusalText = refusalText

@@ -475,7 +475,7 @@ return {redis.call('HGET', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1
 func (l *Locker) lookup(ctx context.Context, job string) (registered bool, req requestEntry, err error) {
 	replies, err := l.client.Eval(ctx, lookupScript, []string{l.registryKey(), l.requestsKey()}, job)
 	if err != nil {
-		return false, requestEntry{}, &textError{msg: fmt.Sprintf("scheduler: looking up job %q in the fleet's registry: %s", job, redlockText(err)), errs: []error{err}}
+		return false, requestEntry{}, &textError{msg: fmt.Sprintf("scheduler: looking up job %q in the fleet's registry: %s", job, redlock.ErrorText(err)), errs: []error{err}}
 	}
 	for _, r := range replies {
 		if r.Err != nil {

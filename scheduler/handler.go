@@ -294,43 +294,12 @@ func (h *handler) cookie(w http.ResponseWriter, r *http.Request) string {
 
 // control serves POST /pause, /resume and /run.
 func (h *handler) control(w http.ResponseWriter, r *http.Request, action string) {
-	if !h.cfg.controls {
-		plain(w, http.StatusForbidden, "fleet controls are disabled on this page; the application enables them with scheduler.WithControls(true)")
+	job, code, why := h.controlForm(w, r)
+	if why != "" {
+		plain(w, code, why)
 		return
 	}
-	if err := h.cop.Check(r); err != nil {
-		plain(w, http.StatusForbidden, "refused: a cross-origin request; use the form of the status page itself ("+err.Error()+")")
-		return
-	}
-	if ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || ct != "application/x-www-form-urlencoded" {
-		plain(w, http.StatusUnsupportedMediaType, fmt.Sprintf("refused: Content-Type %.60q; the status page's form sends application/x-www-form-urlencoded", r.Header.Get("Content-Type")))
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	if err := r.ParseForm(); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			plain(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("refused: the form is over %d bytes", maxForm))
-			return
-		}
-		plain(w, http.StatusBadRequest, "refused: malformed form: "+err.Error())
-		return
-	}
-	c, err := r.Cookie(csrfCookie)
-	token := r.PostForm.Get("csrf")
-	if err != nil || token == "" || !hmac.Equal([]byte(token), []byte(h.csrfToken(c.Value))) {
-		plain(w, http.StatusForbidden, "refused: the form's CSRF token is missing or does not match this browser's cookie; reload the status page and try again")
-		return
-	}
-	job := r.PostForm.Get("job")
-	switch {
-	case len(r.PostForm["job"]) != 1 || job == "":
-		plain(w, http.StatusBadRequest, "refused: the form names no job (one job=NAME field)")
-		return
-	case len(job) > maxJobName || strings.ContainsRune(job, 0):
-		plain(w, http.StatusBadRequest, fmt.Sprintf("refused: job %.40q...: a job name has at most %d bytes and no NUL byte", job, maxJobName))
-		return
-	}
+	var err error
 	var done string
 	switch action {
 	case "pause":
@@ -347,6 +316,42 @@ func (h *handler) control(w http.ResponseWriter, r *http.Request, action string)
 	q := url.Values{"done": {done}, "target": {job}}
 	w.Header().Set("Location", "./?"+q.Encode())
 	w.WriteHeader(http.StatusSeeOther)
+}
+
+// controlForm checks a control request (controls on, same origin, a form
+// within maxForm bytes with this browser's CSRF token) and returns the job
+// it names, or the status code and text of its refusal.
+func (h *handler) controlForm(w http.ResponseWriter, r *http.Request) (job string, code int, why string) {
+	if !h.cfg.controls {
+		return "", http.StatusForbidden, "fleet controls are disabled on this page; the application enables them with scheduler.WithControls(true)"
+	}
+	if err := h.cop.Check(r); err != nil {
+		return "", http.StatusForbidden, "refused: a cross-origin request; use the form of the status page itself (" + err.Error() + ")"
+	}
+	if ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || ct != "application/x-www-form-urlencoded" {
+		return "", http.StatusUnsupportedMediaType, fmt.Sprintf("refused: Content-Type %.60q; the status page's form sends application/x-www-form-urlencoded", r.Header.Get("Content-Type"))
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
+	if err := r.ParseForm(); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return "", http.StatusRequestEntityTooLarge, fmt.Sprintf("refused: the form is over %d bytes", maxForm)
+		}
+		return "", http.StatusBadRequest, "refused: malformed form: " + err.Error()
+	}
+	c, err := r.Cookie(csrfCookie)
+	token := r.PostForm.Get("csrf")
+	if err != nil || token == "" || !hmac.Equal([]byte(token), []byte(h.csrfToken(c.Value))) {
+		return "", http.StatusForbidden, "refused: the form's CSRF token is missing or does not match this browser's cookie; reload the status page and try again"
+	}
+	job = r.PostForm.Get("job")
+	switch {
+	case len(r.PostForm["job"]) != 1 || job == "":
+		return "", http.StatusBadRequest, "refused: the form names no job (one job=NAME field)"
+	case len(job) > maxJobName || strings.ContainsRune(job, 0):
+		return "", http.StatusBadRequest, fmt.Sprintf("refused: job %.40q...: a job name has at most %d bytes and no NUL byte", job, maxJobName)
+	}
+	return job, 0, ""
 }
 
 // servePage serves GET /.

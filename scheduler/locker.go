@@ -219,39 +219,33 @@ type textError struct {
 func (e *textError) Error() string   { return e.msg }
 func (e *textError) Unwrap() []error { return e.errs }
 
-// redlockText returns the text of a redlock error without its package
-// prefix, to be quoted in the text of an error that wraps it.
-//
-// The holders that refused a round are named by instance ID, `instance
-// "vm-7"`, not by the metadata of their run lock (splitHolder), which
-// encodes a clock reading and a nonce for the Locker's own checks, and the
-// job's record of scheduled times by the time it holds.
-func redlockText(err error) string {
-	text := strings.TrimPrefix(err.Error(), "redlock: ")
-	var q *redlock.QuorumError
-	if !errors.As(err, &q) {
-		return text
+// refusalText says, in the Locker's redlock error texts, what a node that
+// refused a run lock holds (redlock.WithRefusalText): the holder by its
+// instance ID, `instance "vm-7"`, not by the metadata of its run lock
+// (splitHolder), which encodes a clock reading and a nonce for the
+// Locker's own checks, and the job's record of scheduled times by the
+// time it holds.
+func refusalText(r redlock.NodeResult) string {
+	who := strconv.Quote(r.Holder)
+	if id, at, _, _ := splitHolder(r.Holder); !at.IsZero() {
+		who = "instance " + strconv.Quote(id)
 	}
-	for _, r := range q.Nodes {
-		if r.HolderMark != 0 { // the job's record of the latest scheduled time taken
-			text = strings.ReplaceAll(text, fmt.Sprintf("is at mark %d", r.HolderMark),
-				"holds the scheduled time "+time.UnixMilli(r.HolderMark).UTC().Format(time.RFC3339Nano))
-		}
-		if r.Holder == "" {
-			continue
-		}
-		if id, at, _, _ := splitHolder(r.Holder); !at.IsZero() {
-			text = strings.ReplaceAll(text, strconv.Quote(r.Holder), "instance "+strconv.Quote(id))
-		}
+	if r.HolderMark != 0 {
+		return "the job's record holds the scheduled time " +
+			time.UnixMilli(r.HolderMark).UTC().Format(time.RFC3339Nano) + ", taken by " + who
+	}
+	text := "the run lock is held by " + who
+	if r.HolderTTL > 0 {
+		text += fmt.Sprintf(" for another %v", r.HolderTTL)
 	}
 	return text
 }
 
 // rejectedTTL returns the error of a TTL that the Client rejected with err:
-// it reads "scheduler: invalid argument: <what>: <why>" and wraps err.
+// it reads "scheduler: <what>: invalid argument: <why>" and wraps err
+// (which matches redlock.ErrInvalidArgument).
 func rejectedTTL(err error, what string, args ...any) error {
-	why := strings.TrimPrefix(err.Error(), redlock.ErrInvalidArgument.Error()+": ")
-	return &textError{msg: "scheduler: invalid argument: " + fmt.Sprintf(what, args...) + ": " + why, errs: []error{err}}
+	return &textError{msg: "scheduler: " + fmt.Sprintf(what, args...) + ": " + redlock.ErrorText(err), errs: []error{err}}
 }
 
 // unstableName matches gocron's default names for closures and method
@@ -630,7 +624,7 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		case lost != nil:
 			r.err = lost
 		case rerr != nil:
-			r.err = &textError{msg: fmt.Sprintf("scheduler: job %q %s: after the run, %s", r.job, r.claim.what(), redlockText(rerr)),
+			r.err = &textError{msg: fmt.Sprintf("scheduler: job %q %s: after the run, %s", r.job, r.claim.what(), redlock.ErrorText(rerr)),
 				errs: []error{rerr}}
 			if quorumReleased(rerr) {
 				// redlock logs the node that could not run it, once.

@@ -191,52 +191,65 @@ func (h *handler) jobView(j JobStatus, at func(time.Time) timeView) jobView {
 		jv.Running = &runningView{Instance: r.Instance, Since: at(r.Since), ValidUntil: at(r.ValidUntil)}
 	}
 	if r := j.RunNow; r != nil {
-		rv := &runNowView{State: r.State, Asked: at(r.Asked), Class: "b-ended"}
-		switch r.State {
-		case requestPending:
-			rv.Text, rv.Class = "waiting for an instance", "b-running"
-		case requestStarted:
-			rv.Text, rv.Class = "started on "+r.Instance, "b-ok"
-		case requestRefused:
-			rv.Text, rv.Class = "refused on "+r.Instance+": "+r.Error, "b-failed"
-		default:
-			rv.Text, rv.Class = "no instance took it", "b-missed"
-		}
-		jv.RunNow = rv
+		jv.RunNow = newRunNowView(r, at)
 	}
 	for _, r := range j.Runs {
-		rv := runView{Scheduled: at(r.Scheduled), Kind: r.Kind, Instance: r.Instance, Hue: hue(r.Instance), Started: at(r.Started),
-			Outcome: r.Outcome, Class: "b-" + r.Outcome, Error: r.Error}
-		if r.Scheduled.IsZero() {
-			rv.Scheduled = timeView{Rel: "—", Abs: "none (manual)"}
-		}
-		if r.Kind == kindMissed && r.Missed > 1 {
-			rv.ScheduledExtra = fmt.Sprintf("to %s, %d scheduled times", at(r.Last).Abs, r.Missed)
-		}
-		if !r.Ended.IsZero() && !r.Started.IsZero() {
-			rv.Duration = formatDuration(r.Ended.Sub(r.Started))
-		}
-		jv.Runs = append(jv.Runs, rv)
+		jv.Runs = append(jv.Runs, newRunView(r, at))
 	}
-	// The job's state, most urgent first.
-	switch last := lastRun(j.Runs); {
-	case j.Running != nil:
-		jv.State = "running"
-	case j.Paused:
-		jv.State = "paused"
-	case last != nil && (last.Outcome == outcomeFailed || last.Outcome == outcomeLost):
-		jv.State = "failed"
-	case j.Missed > 0 && len(j.Runs) > 0 && j.Runs[0].Kind == kindMissed:
-		jv.State = "missed"
-	case j.Stale:
-		jv.State = "stale"
-	case last == nil:
-		jv.State = "no runs yet"
-	default:
-		jv.State = "ok"
-	}
+	jv.State = pageState(j)
 	jv.Class = "b-" + strings.ReplaceAll(jv.State, " ", "-")
 	return jv
+}
+
+// newRunNowView builds the view of a job's run-now request.
+func newRunNowView(r *RunNowStatus, at func(time.Time) timeView) *runNowView {
+	rv := &runNowView{State: r.State, Asked: at(r.Asked), Class: "b-ended"}
+	switch r.State {
+	case requestPending:
+		rv.Text, rv.Class = "waiting for an instance", "b-running"
+	case requestStarted:
+		rv.Text, rv.Class = "started on "+r.Instance, "b-ok"
+	case requestRefused:
+		rv.Text, rv.Class = "refused on "+r.Instance+": "+r.Error, "b-failed"
+	default:
+		rv.Text, rv.Class = "no instance took it", "b-missed"
+	}
+	return rv
+}
+
+// newRunView builds the view of one entry of a job's run record.
+func newRunView(r Run, at func(time.Time) timeView) runView {
+	rv := runView{Scheduled: at(r.Scheduled), Kind: r.Kind, Instance: r.Instance, Hue: hue(r.Instance), Started: at(r.Started),
+		Outcome: r.Outcome, Class: "b-" + r.Outcome, Error: r.Error}
+	if r.Scheduled.IsZero() {
+		rv.Scheduled = timeView{Rel: "—", Abs: "none (manual)"}
+	}
+	if r.Kind == kindMissed && r.Missed > 1 {
+		rv.ScheduledExtra = fmt.Sprintf("to %s, %d scheduled times", at(r.Last).Abs, r.Missed)
+	}
+	if !r.Ended.IsZero() && !r.Started.IsZero() {
+		rv.Duration = formatDuration(r.Ended.Sub(r.Started))
+	}
+	return rv
+}
+
+// pageState returns a job's state on the page, most urgent first.
+func pageState(j JobStatus) string {
+	switch last := lastRun(j.Runs); {
+	case j.Running != nil:
+		return "running"
+	case j.Paused:
+		return "paused"
+	case last != nil && (last.Outcome == outcomeFailed || last.Outcome == outcomeLost):
+		return "failed"
+	case j.Missed > 0 && len(j.Runs) > 0 && j.Runs[0].Kind == kindMissed:
+		return "missed"
+	case j.Stale:
+		return "stale"
+	case last == nil:
+		return "no runs yet"
+	}
+	return "ok"
 }
 
 // lastRun returns the newest entry of runs that ran the job, or nil.

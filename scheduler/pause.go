@@ -69,7 +69,7 @@ func (l *Locker) setPause(ctx context.Context, job string, paused bool) error {
 		if !paused {
 			what = "resuming"
 		}
-		return &textError{msg: "scheduler: " + what + " job " + strconv.Quote(job) + ": " + redlockText(err), errs: []error{err}}
+		return &textError{msg: "scheduler: " + what + " job " + strconv.Quote(job) + ": " + redlock.ErrorText(err), errs: []error{err}}
 	}
 	l.mu.Lock()
 	if l.pauses == nil {

@@ -173,7 +173,7 @@ func (l *Locker) requestRun(ctx context.Context, job string, seq int64) error {
 		}
 	}
 	if err != nil {
-		return &textError{msg: fmt.Sprintf("scheduler: requesting a run of job %q: %s", job, redlockText(err)), errs: []error{err}}
+		return &textError{msg: fmt.Sprintf("scheduler: requesting a run of job %q: %s", job, redlock.ErrorText(err)), errs: []error{err}}
 	}
 	return nil
 }

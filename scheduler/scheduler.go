@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,7 +126,7 @@ func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
 	}, cfg.gocron...)
 	s, err := gocron.NewScheduler(gopts...)
 	if err != nil {
-		return nil, &textError{msg: "scheduler: creating the gocron scheduler: " + gocronText(err), errs: []error{err}}
+		return nil, &textError{msg: "scheduler: creating the gocron scheduler: " + err.Error(), errs: []error{err}}
 	}
 	return &Scheduler{Scheduler: s, locker: locker}, nil
 }
@@ -413,9 +412,5 @@ func (s *Scheduler) index(j gocron.Job) error {
 // recreateError is the error of a duration job that could not be
 // re-created on its grid.
 func recreateError(name string, err error) error {
-	return &textError{msg: fmt.Sprintf("scheduler: re-creating duration job %q on its grid: %s", name, gocronText(err)), errs: []error{err}}
+	return &textError{msg: fmt.Sprintf("scheduler: re-creating duration job %q on its grid: %s", name, err.Error()), errs: []error{err}}
 }
-
-// gocronText returns the text of a gocron error without gocron's package
-// prefix, to be quoted in the text of an error that wraps it.
-func gocronText(err error) string { return strings.TrimPrefix(err.Error(), "gocron: ") }

@@ -233,7 +233,7 @@ func (s *Scheduler) Status(ctx context.Context, opts ...StatusOption) (*Status, 
 	replies, err := l.client.Eval(ctx, statusScript, []string{l.instancesKey(), l.registryKey(), l.pausedKey(), l.requestsKey()})
 	if err != nil {
 		wg.Wait()
-		return nil, &textError{msg: "scheduler: reading the fleet's status: " + redlockText(err), errs: []error{err}}
+		return nil, &textError{msg: "scheduler: reading the fleet's status: " + redlock.ErrorText(err), errs: []error{err}}
 	}
 	st := &Status{At: nodeTime(replies, 0), Instance: l.cfg.instance}
 	if st.At.IsZero() {
@@ -419,10 +419,10 @@ func (l *Locker) readJobs(ctx context.Context, jobs []JobStatus, n int) error {
 		}
 	}
 	if err != nil {
-		return &textError{msg: "scheduler: reading the jobs' run records: " + redlockText(err), errs: []error{err}}
+		return &textError{msg: "scheduler: reading the jobs' run records: " + redlock.ErrorText(err), errs: []error{err}}
 	}
 	if holdersErr != nil {
-		return &textError{msg: "scheduler: reading the jobs' run locks: " + redlockText(holdersErr), errs: []error{holdersErr}}
+		return &textError{msg: "scheduler: reading the jobs' run locks: " + redlock.ErrorText(holdersErr), errs: []error{holdersErr}}
 	}
 	return nil
 }

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/schedlock/schedlock/redlock"
 )
 
@@ -18,17 +18,18 @@ func (l *Locker) takenKey(job string) string   { return l.cfg.prefix + "taken:" 
 func (l *Locker) historyKey(job string) string { return l.cfg.prefix + "runs:" + job }
 
 // take acquires the run lock of job for the claim c, with the job's
-// record of scheduled times raised to c's (not for a manual run), in one
+// record of scheduled times raised to c's (not for a manual run), through
+// redlock's Acquire, whose retry condition (retryIf) judges each failed
 // round. A round that no single holder won (instances that fired at the
 // same instant split the nodes between them, and each undid its minority)
-// is retried after a short random delay until someone wins or lctx ends.
-// A round that failed because nodes did not answer (a burst of runs queued
-// past the node timeout, a node restarting) is retried too, with a
-// growing random delay, until lctx (the Lock bound) ends: every round is a
-// full acquisition, undone where it failed, so retrying never runs a
-// scheduled time twice. A round lost to one holder with a quorum is final,
-// except to a run lock left by this Locker's own failed attempt (see
-// orphan).
+// is retried after Acquire's short random split-vote delay until someone
+// wins or lctx ends. A round that failed because nodes did not answer (a
+// burst of runs queued past the node timeout, a node restarting) is
+// retried too, with a growing random delay (retryPolicy), until lctx (the
+// Lock bound) ends: every round is a full acquisition, undone where it
+// failed, so retrying never runs a scheduled time twice. A round lost to
+// one holder with a quorum is final, except to a run lock left by this
+// Locker's own failed attempt (see orphan).
 //
 // When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
 // StopJobs) ends, take returns an error that matches ctx's cause and never
@@ -37,59 +38,72 @@ func (l *Locker) historyKey(job string) string { return l.cfg.prefix + "runs:" +
 // first round had not ended yet, an error matching redlock.ErrUnavailable:
 // no quorum answered within the bound.
 func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time.Duration) (*redlock.Lock, error) {
-	var last error
-	for n := 0; ; n++ {
-		lk, err := l.client.TryAcquire(lctx, []string{l.runKey(job)}, l.cfg.ttl, l.acquireOptions(job, c, bound)...)
-		if err == nil {
-			return lk, nil
-		}
-		final, e := l.judge(ctx, job, c, err)
-		switch {
-		case final:
-			return nil, e
-		case lctx.Err() != nil:
-			return nil, l.expired(ctx, job, c, last, err, bound)
+	var final, last error
+	retryIf := func(_ int, q *redlock.QuorumError) bool {
+		stop, e := l.judge(ctx, job, c, q)
+		if stop {
+			final = e
 		}
 		last = e
-		if !sleep(lctx, retryDelay(n, err)) {
-			return nil, l.expired(ctx, job, c, last, err, bound)
-		}
+		return !stop
 	}
+	lk, err := l.client.Acquire(lctx, []string{l.runKey(job)}, l.cfg.ttl,
+		append(l.acquireOptions(job, c, bound), redlock.WithRetryIf(retryIf))...)
+	switch {
+	case err == nil:
+		return lk, nil
+	case final != nil:
+		return nil, final
+	case ctx.Err() != nil:
+		return nil, l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
+	case lctx.Err() == nil:
+		return nil, l.fail(job, c, errOther, err) // bad input, or the Client is closed
+	case last != nil:
+		return nil, last
+	}
+	return nil, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
+		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlock.ErrorText(err))})
 }
 
-// acquireOptions returns the options of a claim's rounds. Each round waits
-// for the nodes up to half the Lock's bound: a burst of many jobs firing
-// at once queues its commands for longer than a node timeout made for
-// single locks, and a round that waits costs less than one that fails and
-// is retried.
+// acquireOptions returns the options of a claim's Acquire. Each round
+// waits for the nodes up to half the Lock's bound: a burst of many jobs
+// firing at once queues its commands for longer than a node timeout made
+// for single locks, and a round that waits costs less than one that fails
+// and is retried. Losers do not wait for the winner's release (no release
+// notices): a refusal by a holder is final.
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
-	// The metadata is "<instance>@<clock in Unix ms>/<nonce>/<record
-	// retention in ms>": the clock check (checkRecord) reads it.
-	md := l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce +
-		nonceSep + strconv.FormatInt(l.cfg.retention.Milliseconds(), 10)
-	opts := []redlock.LockOption{redlock.WithMetadata(md), redlock.WithNodeTimeout(max(l.client.NodeTimeout(), bound/2))}
+	opts := []redlock.LockOption{
+		redlock.WithMetadataFunc(func() string { return l.metadata() }),
+		redlock.WithNodeTimeout(max(l.client.NodeTimeout(), bound/2)),
+		redlock.WithRetry(retryPolicy),
+		redlock.WithReleaseNotices(false),
+		redlock.WithRefusalText(refusalText),
+	}
 	if c.kind != kindManual {
 		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
 	}
 	return opts
 }
 
+// metadata returns the metadata of a run lock and record of scheduled
+// times, read at the start of each attempt: "<instance>@<clock in Unix
+// ms>/<nonce>/<record retention in ms>". The clock check (checkRecord)
+// reads it.
+func (l *Locker) metadata() string {
+	return l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce +
+		nonceSep + strconv.FormatInt(l.cfg.retention.Milliseconds(), 10)
+}
+
 // judge classifies a failed round: final errors end the Lock, the others
 // are retried.
-func (l *Locker) judge(ctx context.Context, job string, c claim, err error) (final bool, e error) {
-	var q *redlock.QuorumError
-	isQuorum := errors.As(err, &q)
+func (l *Locker) judge(ctx context.Context, job string, c claim, q *redlock.QuorumError) (final bool, e error) {
 	switch {
 	case ctx.Err() != nil:
 		return true, l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
-	case !isQuorum && errors.Is(err, context.DeadlineExceeded):
-		return false, l.fail(job, c, errUnavailable, err) // the Lock's bound ended: expired
-	case !isQuorum:
-		return true, l.fail(job, c, errOther, err)
-	case errors.Is(err, redlock.ErrUnavailable):
-		return down(q), l.fail(job, c, errUnavailable, err)
-	case errors.Is(err, redlock.ErrMisconfigured):
-		return true, l.fail(job, c, errMisconfigured, err) // an operator must fix a node: retrying will not
+	case errors.Is(q, redlock.ErrUnavailable):
+		return down(q), l.fail(job, c, errUnavailable, q)
+	case errors.Is(q, redlock.ErrMisconfigured):
+		return true, l.fail(job, c, errMisconfigured, q) // an operator must fix a node: retrying will not
 	}
 	if holder, ok := q.HolderMetadata(); ok {
 		return l.refused(ctx, job, c, holder, q)
@@ -97,51 +111,19 @@ func (l *Locker) judge(ctx context.Context, job string, c claim, err error) (fin
 	if q.HolderUnknown() {
 		// Refused without a quorum for one holder, and the nodes that
 		// failed could complete one: whether it was taken is unknown.
-		return false, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
-			msg: "the nodes that failed leave unknown whether another instance took it: " + redlockText(err)})
+		return false, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, q},
+			msg: "the nodes that failed leave unknown whether another instance took it: " + redlock.ErrorText(q)})
 	}
-	return false, l.fail(job, c, errOther, err) // a split vote: retried
+	return false, l.fail(job, c, errOther, q) // a split vote: retried
 }
 
-// expired returns the error of a Lock whose bound ended: the last
-// round's, or, when none ended, an error matching redlock.ErrUnavailable.
-func (l *Locker) expired(ctx context.Context, job string, c claim, last, err error, bound time.Duration) error {
-	switch {
-	case ctx.Err() != nil:
-		return l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
-	case last != nil:
-		return last
-	}
-	return l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
-		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlockText(err))})
-}
-
-// retryDelay is the random delay before retry n+1 of a failed round: up
-// to splitDelay after a split vote, up to unavailableDelay x 2^n (at most
-// maxUnavailableDelay) after a round that nodes did not answer.
-func retryDelay(n int, err error) time.Duration {
-	if errors.Is(err, redlock.ErrUnavailable) {
-		return rand.N(min(unavailableDelay<<min(n+1, 8), maxUnavailableDelay))
-	}
-	return time.Millisecond + rand.N(splitDelay)
-}
-
-const (
-	splitDelay          = 15 * time.Millisecond
-	unavailableDelay    = 5 * time.Millisecond
-	maxUnavailableDelay = 200 * time.Millisecond
-)
-
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+// retryPolicy is the delay policy of a Lock's rounds after a round that
+// nodes did not answer: random up to 10 ms x 2^n, at most 200 ms, and no
+// limit of its own (the Lock's bound ends the retries). After a split
+// vote, redlock's shorter split-vote delay applies.
+func retryPolicy() backoff.BackOff {
+	return redlock.FullJitter(&backoff.ExponentialBackOff{InitialInterval: 10 * time.Millisecond, Multiplier: 2,
+		MaxInterval: 200 * time.Millisecond, Clock: backoff.SystemClock})
 }
 
 // refused classifies a round that holder won on a quorum of nodes: the
@@ -309,9 +291,9 @@ func (e *runError) Error() string {
 		cause := strings.TrimPrefix(e.err.Error(), ErrStopped.Error()+": ")
 		return head + " skipped: the job was stopped (Shutdown, RemoveJob, Update or StopJobs) while its lock was being taken (" + cause + ")"
 	case errUnavailable:
-		return head + " skipped: Redis unavailable: " + redlockText(e.err)
+		return head + " skipped: Redis unavailable: " + redlock.ErrorText(e.err)
 	case errMisconfigured:
-		return head + " skipped: Redis nodes misconfigured: " + redlockText(e.err)
+		return head + " skipped: Redis nodes misconfigured: " + redlock.ErrorText(e.err)
 	case errTaken:
 		reason := fmt.Sprintf("%q already ran it", e.holder)
 		if e.duplicate {
@@ -330,9 +312,9 @@ func (e *runError) Error() string {
 	case errPaused:
 		return head + " skipped: the job is paused across the fleet (Scheduler.Resume or the status page resumes it)"
 	case errOrphan:
-		return head + " skipped: a run lock or record that an earlier failed attempt of this instance left on the nodes blocks it, and deleting it failed: " + redlockText(e.err)
+		return head + " skipped: a run lock or record that an earlier failed attempt of this instance left on the nodes blocks it, and deleting it failed: " + redlock.ErrorText(e.err)
 	}
-	return head + " skipped: " + redlockText(e.err)
+	return head + " skipped: " + redlock.ErrorText(e.err)
 }
 
 // Unwrap gives ErrHeldElsewhere for a scheduled time taken or a run in
