@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,7 +41,8 @@ var fencingPart = script.Part{Name: "fencing", PerKey: 1, Reply: 3, Hooks: scrip
 // fencing is the layer of a fenced Lock.
 type fencing struct {
 	baseLayer
-	c *Client
+	c     *Client
+	token uint64 // the Lock's token, once held; guarded by the Lock's mu
 }
 
 func newFencing(c *Client, cfg *lockConfig, _ []string, _ bool) (layer, error) {
@@ -74,7 +76,7 @@ func (f *fencing) granted(ctx context.Context, a *attempt, lay *script.Layout, k
 			args: []any{strconv.FormatUint(kept, 10)}, parse: parseCheck})
 		switch {
 		case count(crs, OutcomeOK) >= c.quorum:
-			l.setFencingToken(kept)
+			f.setToken(l, kept)
 			return nil
 		case count(crs, OutcomeHeld) == 0:
 			return newQuorumError("check", l.resources, c.quorum, crs, false, ErrNotAcquired)
@@ -96,14 +98,14 @@ func (f *fencing) granted(ctx context.Context, a *attempt, lay *script.Layout, k
 		c.vote(ctx, call{op: "note", timeout: l.cfg.nodeTimeout, script: noteScript, keys: k.keys[h:][:n],
 			args: []any{strconv.FormatUint(token, 10), a.aid}, parse: parseInt(1)})
 	}
-	l.setFencingToken(token)
+	f.setToken(l, token)
 	return nil
 }
 
-// setFencingToken gives l its token.
-func (l *Lock) setFencingToken(t uint64) {
+// setToken records l's token.
+func (f *fencing) setToken(l *Lock, t uint64) {
 	l.mu.Lock()
-	l.fenceTok = t
+	f.token = t
 	l.mu.Unlock()
 }
 
@@ -117,9 +119,14 @@ func (l *Lock) FencingToken() uint64 {
 	if l == nil {
 		return 0
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.fenceTok
+	for _, y := range l.layers {
+		if f, ok := y.(*fencing); ok {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return f.token
+		}
+	}
+	return 0
 }
 
 // parseCheck reads the check script's {1 or 0, largest counter}; any
@@ -144,4 +151,23 @@ func intAt(v []any, i int) int64 {
 	}
 	n, _ := v[i].(int64)
 	return n
+}
+
+// WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
+// numbers that strictly increase across successive holders of a resource,
+// for the protected resource to reject writes that carry an older token. It
+// costs one more quorum round per acquisition (fencing.go). Default off.
+// docs/fencing.md gives the design and its assumptions.
+func WithFencing(on bool) LockOption {
+	return lockOption(func(l *lockConfig) { l.fencing = on })
+}
+
+// WithFencingRetention sets how long a resource's fencing counter is kept
+// after its last fenced acquisition (the counter keys' TTL, refreshed by
+// every fenced acquisition). Tokens also rise with the nodes' clocks, so
+// they stay monotonic after a counter expired as long as those clocks do
+// (docs/fencing.md). Default DefaultFencingRetention (7 days); New rejects
+// values below 1 s.
+func WithFencingRetention(d time.Duration) Option {
+	return clientOption(func(c *config) { c.fencingRetention = d })
 }

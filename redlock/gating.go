@@ -2,6 +2,7 @@ package redlock
 
 import (
 	_ "embed"
+	"time"
 
 	"github.com/schedlock/schedlock/redlock/internal/script"
 )
@@ -44,3 +45,25 @@ func (*gating) part() script.Part { return gatePart }
 func (g *gating) keys([]string) []string { return g.markers }
 
 func (g *gating) args(scriptKind, *attempt) []any { return []any{g.gate} }
+
+// WithRestartGating enforces the redis.io page's "delayed restarts": a node
+// that has lost its data (restarted without persistence, or flushed) does
+// not vote for any acquisition until maxTTL has passed since it was first
+// seen empty, so it cannot grant a lock that it had granted to someone else
+// before the restart. It applies to every client that uses the same nodes
+// with the same key prefix and this option. The gate marker is a key without
+// TTL on each node: a node that keeps its data (appendonly yes + appendfsync
+// always) keeps its marker and is not gated after a restart. Restarting from
+// an RDB snapshot restores a stale marker and defeats the gate: use AOF, or
+// no persistence at all.
+//
+// Every TTL used with this Client, in Acquire, TryAcquire, Do and Extend,
+// must be at most maxTTL (longer ones are rejected; CheckTTL): with their
+// defaults, package scheduler needs 10 s (its run lock; tick records need
+// 2 x clock tolerance + lock timeout, 3 s) and package elector 10 s (its
+// lease), which their constructors check. On a brand-new node
+// the first acquisitions also wait maxTTL. Gated nodes show OutcomeGated.
+// Default 0: off. New rejects negative values and values below 1 ms.
+func WithRestartGating(maxTTL time.Duration) Option {
+	return clientOption(func(c *config) { c.gate = maxTTL })
+}

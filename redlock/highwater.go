@@ -30,6 +30,7 @@ type highWater struct {
 	key  string
 	at   string
 	ttl  int64 // ms
+	prev int64 // the highest mark replaced, once held; guarded by the Lock's mu
 }
 
 func newHighWater(c *Client, cfg *lockConfig, resources []string, _ bool) (layer, error) {
@@ -73,6 +74,7 @@ func (h *highWater) refusal(_ *Lock, v []any) (NodeResult, bool) {
 // granted gives the Lock the highest mark that the granting nodes
 // replaced.
 func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _ call, rs []NodeResult) *QuorumError {
+	l := a.l
 	at := lay.Reply("mark")
 	var m int64
 	for _, r := range rs {
@@ -80,9 +82,9 @@ func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _
 			m = max(m, intAt(r.reply, at))
 		}
 	}
-	a.l.mu.Lock()
-	a.l.prevMark = m
-	a.l.mu.Unlock()
+	l.mu.Lock()
+	h.prev = m
+	l.mu.Unlock()
 	return nil
 }
 
@@ -91,7 +93,41 @@ func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _
 // (0: none), read once held; 0 for any other Lock. Safe for concurrent
 // use.
 func (l *Lock) PreviousMark() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.prevMark
+	if l == nil {
+		return 0
+	}
+	for _, y := range l.layers {
+		if h, ok := y.(*highWater); ok {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return h.prev
+		}
+	}
+	return 0
+}
+
+// WithHighWater makes the acquisition also raise a high-water mark kept
+// under the resource name record: on each node, in the same script and
+// all or nothing with the lock's keys, a mark at or above at that another
+// acquisition raised refuses the round (checked after a WithRecord record
+// and before the lock's keys; the refused NodeResult's Resource names the
+// record and its HolderMark gives the mark), and otherwise the mark is set
+// to at, with this acquisition's value (its metadata is what a refused
+// round's Holder shows), for ttl from now. The mark before is kept for an
+// undo: a failed attempt puts it back where it raised it. A granted Lock
+// reports the highest mark it replaced (Lock.PreviousMark). A mark is
+// never lowered, extended or deleted by Release; it expires ttl after its
+// last raise. The scheduler keys each job's scheduled times on one.
+//
+// at must be positive; ttl at least 1 ms. ttl is a retention, not a lock
+// TTL: it may exceed the restart gate (WithRestartGating), and a node that
+// restarts empty forgets its marks, so a mark keeps a later acquisition at
+// or below it out only while a quorum of nodes still has it: the caller
+// bounds how late such an acquisition may come by the gate's maxTTL. The
+// record obeys the rules of a resource name, must not be one of the lock's
+// resources or its WithRecord record, and cannot be combined with
+// WithOwner; a call that breaks a rule fails with ErrInvalidArgument, and
+// New rejects WithHighWater altogether. Default: no mark.
+func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
+	return lockOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
 }

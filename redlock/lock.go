@@ -27,8 +27,6 @@ type Lock struct {
 	n         int      // number of resources
 	layers    []layer  // the features of the Lock's scripts (layer.go)
 	tp        string   // traceparent of the acquiring span, stored in the value
-	fenceTok  uint64   // fencing token (fencing.go), set once held
-	prevMark  int64    // WithHighWater (highwater.go): the highest mark replaced, set once held
 
 	// op orders Extend and Release: each holds it for its whole round.
 	op sync.Mutex

@@ -76,3 +76,20 @@ func checkAddedKey(option, what, name string, taken []string, owner string) erro
 	}
 	return nil
 }
+
+// WithRecord makes the acquisition also write a record of itself under
+// the resource name record, with its own TTL: on each node, in the same
+// script and all or nothing with the lock's keys, a record that another
+// acquisition wrote refuses the round like a held key (checked first; the
+// refused NodeResult's Resource names the record), and otherwise the
+// record is set to this acquisition's value for ttl. A record is never
+// extended or released: it outlives the lock until its TTL ends, so that
+// the acquisition is remembered (the scheduler's tick records). A failed
+// attempt deletes its record with its lock keys. The record obeys the
+// rules of a resource name and of a TTL (restart gate included), must not
+// be one of the lock's resources, and cannot be combined with WithOwner:
+// the call rejects one that breaks a rule (ErrInvalidArgument), and New
+// rejects WithRecord altogether. Default: no record.
+func WithRecord(record string, ttl time.Duration) LockOption {
+	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
+}

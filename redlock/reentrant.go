@@ -46,3 +46,19 @@ func (*reentrant) args(_ scriptKind, a *attempt) []any { return []any{a.aid} }
 
 // begin gives the attempt the owner's token and a new acquisition ID.
 func (r *reentrant) begin(a *attempt) { a.token, a.aid = r.token, newAcquisitionID() }
+
+// WithOwner makes the lock reentrant for owner (reentrant.go): an
+// acquisition by the same owner of resources that owner already holds
+// succeeds at once (one quorum round) and adds a hold; each Lock's Release
+// removes its own hold, and the keys are deleted when the last hold is
+// released. TTLs are refreshed on reentry and never lowered. With fencing,
+// a re-entry of resources the owner holds keeps the hold's token; one that
+// adds resources is a new hold with a larger token (one token covers all of
+// a lock's resources), which supersedes the older one at the resources they
+// share (docs/fencing.md). Another owner is refused as usual. Go
+// has no goroutine identity: owner is yours to choose (a job ID, a request
+// ID), non-empty and at most MaxOwner bytes; whoever knows it shares the
+// lock. Default: not reentrant.
+func WithOwner(owner string) LockOption {
+	return lockOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
+}

@@ -564,3 +564,27 @@ func (n wakeNotice) released(l *Lock, args []any) {
 		n.w.released(l.keys[:l.n], id)
 	}
 }
+
+// WithReleaseNotices turns waking on release on or off (default on): an
+// Acquire that a holder refused on a quorum subscribes, on every node, to
+// the release notices of its resources and starts its next round as soon as
+// the holder releases, instead of polling with its retry delay (wake.go).
+// The channels are "<key>:released": an ACL user needs
+// &<prefix>*:released (Redis 7 gives new users no channel); a release
+// whose PUBLISH is denied still releases. Turn it off where the nodes refuse
+// SUBSCRIBE (ACLs, proxies without pub/sub): this Client's releases then
+// publish nothing either. While an Acquire waits, the Client keeps one
+// PubSub connection and two goroutines per node; they end when no Acquire
+// waits any more, and at Close.
+//
+// Given to a call (Acquire, Do), WithReleaseNotices(false) makes that call
+// poll with its retry delay and mark no holder's key, so that the holder's
+// release publishes nothing for it (package scheduler's Lock: its losers
+// do not wait). A call cannot turn notices on when its Client has them
+// off.
+func WithReleaseNotices(on bool) LockOption { return releaseNoticesOption(on) }
+
+type releaseNoticesOption bool
+
+func (o releaseNoticesOption) applyClient(c *config)   { c.noWake, c.lock.noWake = !bool(o), !bool(o) }
+func (o releaseNoticesOption) applyLock(l *lockConfig) { l.noWake = !bool(o) }
