@@ -182,11 +182,16 @@ type layerCall struct {
 // extra layers (a Release's log) after l's; coreArgs are the core's
 // arguments.
 func (l *Lock) scriptCall(k scriptKind, op string, a *attempt, parse func(*redis.Cmd) NodeResult, coreArgs []any, extra ...layer) layerCall {
-	layers := l.layers
+	layers, s := l.layers, l.scripts[k].Load()
 	if len(extra) > 0 {
-		layers = append(layers[:len(layers):len(layers)], extra...)
+		layers, s = append(layers[:len(layers):len(layers)], extra...), nil
 	}
-	s := assemble(k, layers)
+	if s == nil {
+		s = assemble(k, layers)
+		if len(extra) == 0 {
+			l.scripts[k].Store(s)
+		}
+	}
 	lc := layerCall{call: call{op: op, timeout: l.cfg.nodeTimeout, script: s.script, keys: l.keys[:l.n:l.n],
 		args: coreArgs, parse: parse}, layout: s.layout}
 	for i, y := range layers {
@@ -199,10 +204,4 @@ func (l *Lock) scriptCall(k scriptKind, op string, a *attempt, parse func(*redis
 		lc.call.args = append(lc.call.args, args...)
 	}
 	return lc
-}
-
-// plain reports whether the acquire script of l has no layer: the core's
-// SET NX PX alone.
-func (l *Lock) plain() bool {
-	return len(assemble(kindAcquire, l.layers).layout.Parts()) == 0
 }

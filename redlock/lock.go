@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,10 +24,11 @@ type Lock struct {
 	c         *Client
 	cfg       lockConfig
 	resources []string
-	keys      []string // the lock keys, one per resource (the layers add theirs to each script)
-	n         int      // number of resources
-	layers    []layer  // the features of the Lock's scripts (layer.go)
-	tp        string   // traceparent of the acquiring span, stored in the value
+	keys      []string                                // the lock keys, one per resource (the layers add theirs to each script)
+	n         int                                     // number of resources
+	layers    []layer                                 // the features of the Lock's scripts (layer.go)
+	tp        string                                  // traceparent of the acquiring span, stored in the value
+	scripts   [kindUndo + 1]atomic.Pointer[assembled] // its scripts by kind, once assembled (a Release's log aside)
 
 	// op orders Extend and Release: each holds it for its whole round.
 	op sync.Mutex
