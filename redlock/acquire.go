@@ -274,19 +274,20 @@ func (l *Lock) nextAttempt() *attempt {
 func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying bool) broadcast {
 	spec := broadcast{call: k.call, attempt: n, ttl: l.ttl,
 		// Acquire's retries do not wait for a node that timed out until
-		// it answers again; a first attempt (and TryAcquire, which a
-		// caller may retry through a burst that only slows the nodes)
-		// waits for every node.
-		skipDown: retrying && n > 1,
+		// it answers again; a first attempt, TryAcquire (which a caller
+		// may retry through a burst that only slows the nodes) and a call
+		// with a node timeout of its own wait for every node.
+		skipDown: retrying && n > 1 && !l.cfg.nodeTimeoutSet,
 		wait:     untilKnown,
 	}
-	if !retrying || n == 1 && !c.anyDown() {
-		// A TryAcquire, and a first attempt while every node answers, that
-		// lost waits for the answers still due, so that its undo does not
-		// go to nodes that refused (a fleet's losers sent one undo per
-		// scheduled time each). A first attempt does not wait for a node
-		// that is down: a frozen node would delay every handoff by the
-		// node timeout.
+	if !retrying || l.cfg.nodeTimeoutSet || n == 1 && !c.anyDown() {
+		// A TryAcquire, a call with a node timeout of its own, and a first
+		// attempt while every node answers, that lost waits for the
+		// answers still due, so that its undo does not go to nodes that
+		// refused (a fleet's losers sent one undo per scheduled time
+		// each). Otherwise a first attempt does not wait for a node that
+		// is down: a frozen node would delay every handoff by the node
+		// timeout.
 		spec.wait = untilSettled
 	}
 	if !retrying && len(l.keys) == 1 && len(k.in) == 0 {

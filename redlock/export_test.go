@@ -18,3 +18,7 @@ func SetWeakGrant(q *QuorumError, validity, minimum time.Duration) {
 // Down reports whether c counts node i as down: it has not answered since
 // a call of a round that waited the node timeout went unanswered.
 func Down(c *Client, i int) bool { return c.peers[i].down.Load() }
+
+// MarkDown makes c count node i as down until it answers again, as a
+// round that waited the node timeout for it in vain does.
+func MarkDown(c *Client, i int) { c.peers[i].down.Store(true) }

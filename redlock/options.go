@@ -132,7 +132,12 @@ func WithDriftFactor(f float64) Option {
 // DefaultNodeTimeout (100 ms); New rejects d <= 0. Given to a call
 // (Acquire, TryAcquire, Do) it sets the node timeout of that Lock's rounds
 // (its acquisition, extensions and release) instead, e.g. longer for locks
-// taken in large bursts; the call rejects d <= 0 (ErrInvalidArgument).
+// taken in large bursts, and every round of that Acquire waits for every
+// node as TryAcquire's round does: also for a node that timed out before
+// (which Acquire's retries otherwise count as failed until it answers),
+// and, once lost, for the answers still due, so that its undo goes only
+// to nodes that may have granted. The call rejects d <= 0
+// (ErrInvalidArgument).
 func WithNodeTimeout(d time.Duration) LockOption { return nodeTimeoutOption(d) }
 
 type nodeTimeoutOption time.Duration

@@ -217,6 +217,20 @@ func TestLostTryAcquireSendsNoNeedlessUndo(t *testing.T) {
 	if n := h.n.Load(); n != 5*3 {
 		t.Errorf("5 Acquires refused at their first round sent %d commands, want 15 (no undo)", n)
 	}
+	// A call with a node timeout of its own waits for a node that is down
+	// too (the scheduler's Lock in a burst).
+	h.n.Store(0)
+	for range 5 {
+		redlock.MarkDown(c, 2)
+		if _, err := c.Acquire(ctx, []string{"r"}, time.Second, stop, redlock.WithReleaseNotices(false),
+			redlock.WithNodeTimeout(2*time.Second)); !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Fatalf("Acquire of a held resource: %v", err)
+		}
+	}
+	waitSettled(t, c)
+	if n := h.n.Load(); n != 5*3 {
+		t.Errorf("5 Acquires with their own node timeout, refused with node 2 down, sent %d commands, want 15 (no undo)", n)
+	}
 }
 
 // scriptHook counts the scripts and SET commands sent (not go-redis's
