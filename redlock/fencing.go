@@ -171,3 +171,11 @@ func WithFencing(on bool) LockOption {
 func WithFencingRetention(d time.Duration) Option {
 	return clientOption(func(c *config) { c.fencingRetention = d })
 }
+
+// checkFencingRetention validates WithFencingRetention.
+func checkFencingRetention(cfg *config) error {
+	if cfg.fencingRetention < time.Second {
+		return invalidf("fencing retention %v (WithFencingRetention) is below the minimum 1s", cfg.fencingRetention)
+	}
+	return nil
+}

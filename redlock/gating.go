@@ -67,3 +67,14 @@ func (g *gating) args(scriptKind, *attempt) []any { return []any{g.gate} }
 func WithRestartGating(maxTTL time.Duration) Option {
 	return clientOption(func(c *config) { c.gate = maxTTL })
 }
+
+// checkGate validates WithRestartGating.
+func checkGate(cfg *config) error {
+	switch {
+	case cfg.gate < 0:
+		return invalidf("restart gate %v (WithRestartGating) is negative (0 turns gating off)", cfg.gate)
+	case cfg.gate > 0 && cfg.gate < time.Millisecond:
+		return invalidf("restart gate %v (WithRestartGating) is below the minimum 1ms (0 turns gating off)", cfg.gate)
+	}
+	return nil
+}

@@ -131,3 +131,12 @@ func (l *Lock) PreviousMark() int64 {
 func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 	return lockOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
 }
+
+// checkMarkNotInNew rejects WithHighWater given to New: it names one
+// acquisition's mark.
+func checkMarkNotInNew(cfg *config) error {
+	if cfg.lock.mark != "" || cfg.lock.markAt != 0 || cfg.lock.markTTL != 0 {
+		return invalidf("WithHighWater was given to New: it names one acquisition's mark, so pass it to Acquire or TryAcquire")
+	}
+	return nil
+}

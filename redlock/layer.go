@@ -78,6 +78,14 @@ var registry = []func(c *Client, cfg *lockConfig, resources []string, retrying b
 	newWakeNotice,
 }
 
+// clientChecks validate the features' options at New, and callChecks
+// those a call may also be given (at New, for its LockOptions, too), each
+// naming the bad value; each check is in its feature's file.
+var (
+	clientChecks = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
+	callChecks   = []func(cfg *lockConfig) error{checkOwner}
+)
+
 // baseLayer gives a layer the defaults of the methods it does not need.
 type baseLayer struct{}
 

@@ -107,12 +107,13 @@ func (cfg *lockConfig) validate() error {
 		return invalidf("the retry policy factory (WithRetry) is nil")
 	case len(cfg.metadata) > MaxMetadata:
 		return invalidf("metadata (WithMetadata) is %d bytes, more than the maximum %d", len(cfg.metadata), MaxMetadata)
-	case cfg.ownerSet && cfg.owner == "":
-		return invalidf("owner ID (WithOwner) is empty")
-	case len(cfg.owner) > MaxOwner:
-		return invalidf("owner ID (WithOwner) is %d bytes, more than the maximum %d", len(cfg.owner), MaxOwner)
 	case cfg.nodeTimeoutSet && cfg.nodeTimeout <= 0:
 		return invalidf("node timeout %v (WithNodeTimeout) is not positive", cfg.nodeTimeout)
+	}
+	for _, check := range callChecks {
+		if err := check(cfg); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -93,3 +93,12 @@ func checkAddedKey(option, what, name string, taken []string, owner string) erro
 func WithRecord(record string, ttl time.Duration) LockOption {
 	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
 }
+
+// checkRecordNotInNew rejects WithRecord given to New: it names one
+// acquisition's record.
+func checkRecordNotInNew(cfg *config) error {
+	if cfg.lock.record != "" || cfg.lock.recordTTL != 0 {
+		return invalidf("WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire")
+	}
+	return nil
+}

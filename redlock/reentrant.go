@@ -62,3 +62,14 @@ func (r *reentrant) begin(a *attempt) { a.token, a.aid = r.token, newAcquisition
 func WithOwner(owner string) LockOption {
 	return lockOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
 }
+
+// checkOwner validates WithOwner.
+func checkOwner(cfg *lockConfig) error {
+	switch {
+	case cfg.ownerSet && cfg.owner == "":
+		return invalidf("owner ID (WithOwner) is empty")
+	case len(cfg.owner) > MaxOwner:
+		return invalidf("owner ID (WithOwner) is %d bytes, more than the maximum %d", len(cfg.owner), MaxOwner)
+	}
+	return nil
+}
