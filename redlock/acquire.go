@@ -22,13 +22,12 @@ import (
 // quorum granted and the validity left (TTL - elapsed - drift, measured
 // from this round's own start) is at least the minimum. A failed round is
 // undone on every node that may have granted, also on those that did not
-// answer; a first round that can no longer succeed waits for the answers
-// still due (at most the node timeout), so that its undo goes only to
-// nodes that may have granted. After each failed round the retry
-// condition (WithRetryIf), if any, may stop the call. ttl is rounded down
-// to whole milliseconds.
+// answer. After each failed round the retry condition (WithRetryIf), if
+// any, may stop the call. ttl is rounded down to whole milliseconds.
 //
-// Errors: ErrInvalidArgument for bad input (no I/O then); otherwise an error
+// Errors: ErrInvalidArgument for bad input (no I/O then; or, for a
+// WithMetadataFunc result that is too long, before that attempt);
+// otherwise an error
 // matching ErrNotAcquired, with the last round's *QuorumError (errors.As),
 // ErrUnavailable when too many nodes failed (ErrMisconfigured when they
 // answered with an error an operator must fix), ctx's cause when ctx
@@ -274,20 +273,17 @@ func (l *Lock) nextAttempt() *attempt {
 func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying bool) broadcast {
 	spec := broadcast{call: k.call, attempt: n, ttl: l.ttl,
 		// Acquire's retries do not wait for a node that timed out until
-		// it answers again; a first attempt, TryAcquire (which a caller
-		// may retry through a burst that only slows the nodes) and a call
-		// with a node timeout of its own wait for every node.
-		skipDown: retrying && n > 1 && !l.cfg.nodeTimeoutSet,
+		// it answers again; a first attempt (and TryAcquire, which a
+		// caller may retry through a burst that only slows the nodes)
+		// waits for every node, and so does a settling round.
+		skipDown: retrying && n > 1,
 		wait:     untilKnown,
 	}
-	if !retrying || l.cfg.nodeTimeoutSet || n == 1 && !c.anyDown() {
-		// A TryAcquire, a call with a node timeout of its own, and a first
-		// attempt while every node answers, that lost waits for the
-		// answers still due, so that its undo does not go to nodes that
-		// refused (a fleet's losers sent one undo per scheduled time
-		// each). Otherwise a first attempt does not wait for a node that
-		// is down: a frozen node would delay every handoff by the node
-		// timeout.
+	if !retrying || l.cfg.patient {
+		// A TryAcquire, or a patient round (WithPatientRounds), that lost
+		// waits for the answers still due, also from nodes that are down,
+		// so that its undo does not go to nodes that refused (a fleet's
+		// losers sent one undo per scheduled time each).
 		spec.wait = untilSettled
 	}
 	if !retrying && len(l.keys) == 1 && len(k.in) == 0 {
@@ -297,12 +293,6 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 			keys: l.keys, parse: parseSetGet(l, value)}
 	}
 	return spec
-}
-
-// anyDown reports whether a node is down: its last call got no answer
-// within the node timeout, and it has not answered since.
-func (c *Client) anyDown() bool {
-	return slices.ContainsFunc(c.peers, func(p *peer) bool { return p.down.Load() })
 }
 
 // parseAcquire returns the reader of the replies to k, l's acquire

@@ -150,7 +150,8 @@ func (l *Lock) Resources() []string {
 	return slices.Clone(l.resources)
 }
 
-// Metadata returns the metadata stored with the lock (WithMetadata).
+// Metadata returns the metadata stored with the lock (WithMetadata, or the
+// granted attempt's WithMetadataFunc result). Safe for concurrent use.
 func (l *Lock) Metadata() string {
 	if l == nil {
 		return ""

@@ -104,6 +104,7 @@ type lockConfig struct {
 	metadataFunc   func() string                    // WithMetadataFunc
 	noWake         bool                             // WithReleaseNotices(false) given to the call or to New
 	refusalText    func(NodeResult) string          // WithRefusalText
+	patient        bool                             // WithPatientRounds
 }
 
 type clientOption func(*config)
@@ -132,12 +133,7 @@ func WithDriftFactor(f float64) Option {
 // DefaultNodeTimeout (100 ms); New rejects d <= 0. Given to a call
 // (Acquire, TryAcquire, Do) it sets the node timeout of that Lock's rounds
 // (its acquisition, extensions and release) instead, e.g. longer for locks
-// taken in large bursts, and every round of that Acquire waits for every
-// node as TryAcquire's round does: also for a node that timed out before
-// (which Acquire's retries otherwise count as failed until it answers),
-// and, once lost, for the answers still due, so that its undo goes only
-// to nodes that may have granted. The call rejects d <= 0
-// (ErrInvalidArgument).
+// taken in large bursts; the call rejects d <= 0 (ErrInvalidArgument).
 func WithNodeTimeout(d time.Duration) LockOption { return nodeTimeoutOption(d) }
 
 type nodeTimeoutOption time.Duration
@@ -205,7 +201,9 @@ func WithMetadata(m string) LockOption {
 // moment (package scheduler's run locks). It overrides WithMetadata; a
 // result longer than MaxMetadata bytes ends the call with
 // ErrInvalidArgument before that attempt is sent. f runs on the calling
-// goroutine. Lock.Metadata returns the granted attempt's metadata.
+// goroutine; given to New, it runs for every call, concurrently, and must
+// be safe for concurrent use. Lock.Metadata returns the granted attempt's
+// metadata.
 func WithMetadataFunc(f func() string) LockOption {
 	return lockOption(func(l *lockConfig) { l.metadataFunc = f })
 }
@@ -218,10 +216,27 @@ func WithMetadataFunc(f func() string) LockOption {
 // for a round that ctx ended. It runs on the calling goroutine between
 // rounds and may do I/O (package scheduler's Lock stops when another
 // instance holds its job on a quorum, and deletes a leftover of its own
-// failed attempt before it retries). Default nil: retry while the policy
-// allows. TryAcquire does not retry and does not call it.
+// failed attempt before it retries). Given to New, it runs for every
+// call, concurrently, and must be safe for concurrent use. Default nil:
+// retry while the policy allows. TryAcquire does not retry and does not
+// call it.
 func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
 	return lockOption(func(l *lockConfig) { l.retryIf = retry })
+}
+
+// WithPatientRounds makes every round of Acquire (and Do) wait as
+// TryAcquire's round does: for every node up to the node timeout, also for
+// a node that timed out before, and, once the round is lost, for the
+// answers still due, so that its undo goes only to nodes that may have
+// granted. It suits callers that take many locks at once, in bursts that
+// slow the nodes without stopping them, and stop at a refusal (package
+// scheduler's Lock): there a round that waits costs less than one that
+// fails and is retried, and losers send no undo. Without it, a round
+// returns as soon as its outcome is known, and Acquire's retries count a
+// node that timed out as failed until it answers again, so that a frozen
+// node does not slow every retry (design.md). Default off.
+func WithPatientRounds() LockOption {
+	return lockOption(func(l *lockConfig) { l.patient = true })
 }
 
 // WithRefusalText sets how the call's error texts describe a node that
@@ -230,8 +245,11 @@ func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
 // "worker-2"`) after the node's address, for callers whose metadata or
 // marks mean something the default cannot say (package scheduler names
 // the instance and the scheduled time). r is the node's result
-// (Outcome OutcomeHeld). text must be safe for concurrent use; it runs
-// when the text is built. Default nil: the default text.
+// (Outcome OutcomeHeld); text writes all of it, the resource name that
+// the default shows for a lock of several resources or for a record
+// included. text must be safe for concurrent use; it runs whenever the
+// error's text is built. Given to New, it applies to every call. Default
+// nil: the default text.
 func WithRefusalText(text func(r NodeResult) string) LockOption {
 	return lockOption(func(l *lockConfig) { l.refusalText = text })
 }

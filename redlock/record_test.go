@@ -204,32 +204,23 @@ func TestLostTryAcquireSendsNoNeedlessUndo(t *testing.T) {
 	if n := h.n.Load(); n != 5*3 {
 		t.Errorf("5 refused TryAcquires sent %d commands, want 15 (no undo)", n)
 	}
-	// An Acquire's first round settles too (package scheduler's losers
-	// stop after it, WithRetryIf).
+	// Patient rounds (WithPatientRounds: package scheduler's losers,
+	// which stop after a refusal) settle too, also with a node that is
+	// down and in a retry, which otherwise does not wait for it.
 	h.n.Store(0)
-	stop := redlock.WithRetryIf(func(int, *redlock.QuorumError) bool { return false })
+	twice := redlock.WithRetryIf(func(n int, _ *redlock.QuorumError) bool {
+		redlock.MarkDown(c, 2) // as after a call that timed out there
+		return n < 2
+	})
 	for range 5 {
-		if _, err := c.Acquire(ctx, []string{"r"}, time.Second, stop, redlock.WithReleaseNotices(false)); !errors.Is(err, redlock.ErrNotAcquired) {
+		if _, err := c.Acquire(ctx, []string{"r"}, time.Second, twice, redlock.WithPatientRounds(),
+			redlock.WithReleaseNotices(false), redlock.WithRetry(constantRetry(time.Millisecond))); !errors.Is(err, redlock.ErrNotAcquired) {
 			t.Fatalf("Acquire of a held resource: %v", err)
 		}
 	}
 	waitSettled(t, c)
-	if n := h.n.Load(); n != 5*3 {
-		t.Errorf("5 Acquires refused at their first round sent %d commands, want 15 (no undo)", n)
-	}
-	// A call with a node timeout of its own waits for a node that is down
-	// too (the scheduler's Lock in a burst).
-	h.n.Store(0)
-	for range 5 {
-		redlock.MarkDown(c, 2)
-		if _, err := c.Acquire(ctx, []string{"r"}, time.Second, stop, redlock.WithReleaseNotices(false),
-			redlock.WithNodeTimeout(2*time.Second)); !errors.Is(err, redlock.ErrNotAcquired) {
-			t.Fatalf("Acquire of a held resource: %v", err)
-		}
-	}
-	waitSettled(t, c)
-	if n := h.n.Load(); n != 5*3 {
-		t.Errorf("5 Acquires with their own node timeout, refused with node 2 down, sent %d commands, want 15 (no undo)", n)
+	if n := h.n.Load(); n != 5*2*3 {
+		t.Errorf("5 patient Acquires refused in 2 rounds each sent %d commands, want 30 (no undo)", n)
 	}
 }
 

@@ -7,6 +7,7 @@ package scheduler_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -277,4 +278,57 @@ func TestHolderUnknownWithAMinorityDownIsUnavailable(t *testing.T) {
 		t.Errorf("B's Lock = %v, want ErrHeldElsewhere or an error matching redlock.ErrUnavailable", err)
 	}
 	t.Logf("B: %v", err)
+}
+
+// TestRefusalHeardWhenTheBoundEndsIsHeldElsewhere: A holds the job on
+// nodes p and q (at least). B's first round hears only q (p and r silent:
+// retried as unavailable); p heals, so B's second round hears A's hold
+// from a quorum (p, q) while r stays silent, and the Lock bound ends while
+// that round waits for r. That round decided: the job is held elsewhere,
+// not Redis unavailable.
+func TestRefusalHeardWhenTheBoundEndsIsHeldElsewhere(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, err := scheduler.NewLocker(newRedlock(t, cl.Clients(t)), scheduler.WithClock(clock), scheduler.WithInstanceID("A"), scheduler.WithLockJitter(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bNodes, bProx := ctxTimeoutProxied(t, cl)
+	b, err := scheduler.NewLocker(newRedlock(t, bNodes), scheduler.WithClock(clock), scheduler.WithInstanceID("B"), scheduler.WithLockJitter(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if w, err := b.Lock(ctx, "warm"); err == nil {
+		_ = w.Unlock(ctx)
+	}
+	lk, err := a.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	time.Sleep(50 * time.Millisecond)
+	r := 2
+	var holders []int
+	for i, c := range cl.Clients(t) {
+		v, _ := c.Get(ctx, "schedlock:job:job").Result()
+		if strings.Contains(v, "-A@") {
+			holders = append(holders, i)
+		} else {
+			r = i
+		}
+	}
+	if len(holders) == 3 {
+		holders = holders[:2]
+	}
+	p := holders[0]
+	bProx[r].Blackhole(true)
+	bProx[p].Blackhole(true)
+	time.AfterFunc(200*time.Millisecond, func() { bProx[p].Blackhole(false) })
+	start := time.Now()
+	_, err = b.Lock(ctx, "job")
+	t.Logf("A on %v, r=%d p=%d; after %v: %v", holders, r, p, time.Since(start), err)
+	if !errors.Is(err, scheduler.ErrHeldElsewhere) {
+		t.Errorf("B: held=%v unavailable=%v; want ErrHeldElsewhere", errors.Is(err, scheduler.ErrHeldElsewhere), errors.Is(err, redlock.ErrUnavailable))
+	}
 }

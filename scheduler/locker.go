@@ -227,7 +227,9 @@ func (e *textError) Unwrap() []error { return e.errs }
 // time it holds.
 func refusalText(r redlock.NodeResult) string {
 	who := strconv.Quote(r.Holder)
-	if id, at, _, _ := splitHolder(r.Holder); !at.IsZero() {
+	if r.Holder == "" {
+		who = "another owner"
+	} else if id, at, _, _ := splitHolder(r.Holder); !at.IsZero() {
 		who = "instance " + strconv.Quote(id)
 	}
 	if r.HolderMark != 0 {

@@ -39,12 +39,13 @@ func (l *Locker) historyKey(job string) string { return l.cfg.prefix + "runs:" +
 // no quorum answered within the bound.
 func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time.Duration) (*redlock.Lock, error) {
 	var final, last error
+	var judged *redlock.QuorumError
 	retryIf := func(_ int, q *redlock.QuorumError) bool {
 		stop, e := l.judge(ctx, job, c, q)
 		if stop {
 			final = e
 		}
-		last = e
+		last, judged = e, q
 		return !stop
 	}
 	lk, err := l.client.Acquire(lctx, []string{l.runKey(job)}, l.cfg.ttl,
@@ -58,10 +59,27 @@ func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time
 		return nil, l.fail(job, c, errStopped, fmt.Errorf("%w: %w", ErrStopped, context.Cause(ctx)))
 	case lctx.Err() == nil:
 		return nil, l.fail(job, c, errOther, err) // bad input, or the Client is closed
-	case last != nil:
-		return nil, last
 	}
-	return nil, l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
+	return nil, l.expired(ctx, job, c, err, judged, last, bound)
+}
+
+// expired returns the error of a Lock whose bound ended with Acquire's
+// error err: that of the round the bound cut short when what it heard is
+// final (a quorum named a holder while a node was still awaited: the
+// retry condition does not see such a round), else that of the last
+// round judged, or, when none was, an error matching
+// redlock.ErrUnavailable.
+func (l *Locker) expired(ctx context.Context, job string, c claim, err error, judged *redlock.QuorumError, last error, bound time.Duration) error {
+	var q *redlock.QuorumError
+	if errors.As(err, &q) && q != judged {
+		if final, e := l.judge(ctx, job, c, q); final {
+			return e
+		}
+	}
+	if last != nil {
+		return last
+	}
+	return l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
 		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlock.ErrorText(err))})
 }
 
@@ -70,7 +88,9 @@ func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time
 // firing at once queues its commands for longer than a node timeout made
 // for single locks, and a round that waits costs less than one that fails
 // and is retried. Losers do not wait for the winner's release (no release
-// notices): a refusal by a holder is final.
+// notices): a refusal by a holder is final. Its rounds are patient
+// (redlock.WithPatientRounds): they wait for every node, also one that
+// timed out in the burst, and losers send no undo.
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
 	opts := []redlock.LockOption{
 		redlock.WithMetadataFunc(func() string { return l.metadata() }),
@@ -78,6 +98,7 @@ func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redl
 		redlock.WithRetry(retryPolicy),
 		redlock.WithReleaseNotices(false),
 		redlock.WithRefusalText(refusalText),
+		redlock.WithPatientRounds(),
 	}
 	if c.kind != kindManual {
 		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
