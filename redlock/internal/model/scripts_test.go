@@ -90,7 +90,10 @@ func (n *redisNode) store() Store {
 		default:
 			n.t.Fatalf("key %q of type %s", k, typ)
 		}
-		if pttl := n.rdb.PTTL(ctx, k).Val(); pttl > 0 {
+		switch pttl := n.rdb.PTTL(ctx, k).Val(); {
+		case pttl == -2: // expired after its value was read
+			continue
+		case pttl > 0:
 			e.Exp = st.Now + pttl.Milliseconds()
 		}
 		st.put(e)
