@@ -104,7 +104,7 @@ func (l *Lock) nextDelay(policy backoff.BackOff, n, splits int, q *QuorumError) 
 		return 0, wrapf([]error{q}, "%s not acquired%s: %s; %s: %s",
 			lockName(l.resources), attemptsText(n), stop, lastAttempt(n), q.body())
 	case splits > 0:
-		return min(d, splitDelay(splits)), nil // the resource is free: retry soon, at a random moment
+		return splitDelay(splits), nil // the resource is free: retry soon, at a random moment that desynchronizes the contenders
 	}
 	return d, nil
 }

@@ -180,9 +180,11 @@ func WithLogger(l *slog.Logger) Option {
 // ends as soon as that holder releases, and lasts at most until its key
 // expires (at most 1 s) rather than the policy's delay. After a split
 // vote (no holder has a quorum; the contenders undo their minorities, so
-// the resource is free), the delay is at most a random 1-15 ms, doubling
-// with each split vote in a row. Default: DefaultRetry. A nil factory, or one that returns nil, is an error
-// (ErrInvalidArgument, from New or the call).
+// the resource is free), the delay is a random 1-15 ms instead, doubling
+// with each split vote in a row: a shorter delay would have the
+// contenders collide again. Default: DefaultRetry. A nil factory, or one
+// that returns nil, is an error (ErrInvalidArgument, from New or the
+// call).
 func WithRetry(factory func() backoff.BackOff) LockOption {
 	return lockOption(func(l *lockConfig) { l.retry = factory })
 }
