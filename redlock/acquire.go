@@ -104,7 +104,10 @@ func (l *Lock) nextDelay(policy backoff.BackOff, n, splits int, q *QuorumError) 
 		return 0, wrapf([]error{q}, "%s not acquired%s: %s; %s: %s",
 			lockName(l.resources), attemptsText(n), stop, lastAttempt(n), q.body())
 	case splits > 0:
-		return splitDelay(splits), nil // the resource is free: retry soon, at a random moment that desynchronizes the contenders
+		// The resource is free: retry soon, at a random moment that
+		// desynchronizes the contenders, and never later than the policy
+		// would after a split vote lasts.
+		return min(splitDelay(splits), max(d, maxSplitDelay+time.Millisecond)), nil
 	}
 	return d, nil
 }

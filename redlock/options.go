@@ -181,8 +181,8 @@ func WithLogger(l *slog.Logger) Option {
 // expires (at most 1 s) rather than the policy's delay. After a split
 // vote (no holder has a quorum; the contenders undo their minorities, so
 // the resource is free), the delay is a random 1-15 ms instead, doubling
-// with each split vote in a row: a shorter delay would have the
-// contenders collide again. Default: DefaultRetry. A nil factory, or one
+// with each split vote in a row up to the policy's delay: a shorter delay
+// would have the contenders collide again. Default: DefaultRetry. A nil factory, or one
 // that returns nil, is an error (ErrInvalidArgument, from New or the
 // call).
 func WithRetry(factory func() backoff.BackOff) LockOption {

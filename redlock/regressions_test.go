@@ -175,9 +175,9 @@ func TestSplitVoteDoesNotWaitForAHolder(t *testing.T) {
 	if _, err := c.Acquire(actx, []string{"r"}, time.Second, retry); !errors.Is(err, redlock.ErrNotAcquired) {
 		t.Fatalf("Acquire against a split vote: %v, want ErrNotAcquired", err)
 	}
-	// At the split-vote pace: at least 5 rounds in 500 ms (the delays
-	// before rounds 2-5 add up to at most 229 ms); sleeping until the
-	// keys' expiry (at most 1 s) allows one.
+	// At the split-vote pace, doubling up to the policy's 10 ms or the
+	// split-vote delay's 16 ms: at least 5 rounds in 500 ms; sleeping
+	// until the keys' expiry (at most 1 s) allows one.
 	if n := attempts.Load(); n < 5 {
 		t.Errorf("%d rounds in 500 ms against a split vote, want the split-vote pace (at least 5)", n)
 	}
