@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -40,7 +39,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	ctx, span := c.tel.startOp(ctx, tracing.SpanAcquire, resources, ttl)
 	start, attempts := time.Now(), 0
 	defer func() { c.tel.endAcquire(ctx, span, start, attempts, l, err) }()
-	l, err = c.newLock(ctx, resources, ttl, opts)
+	l, err = c.newLock(ctx, resources, ttl, opts, true)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +127,7 @@ func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Du
 	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)
 	start, attempts := time.Now(), 0
 	defer func() { c.tel.endAcquire(ctx, span, start, attempts, l, err) }()
-	l, err = c.newLock(ctx, resources, ttl, opts)
+	l, err = c.newLock(ctx, resources, ttl, opts, false)
 	if err != nil {
 		return nil, err
 	}
@@ -192,22 +191,17 @@ func (l *Lock) end() {
 // retrying says that the attempt is Acquire's (which retries), not
 // TryAcquire's.
 func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *QuorumError {
-	value, aid := l.nextAttempt()
+	a := l.nextAttempt()
 	start := time.Now() // T1
-	rs := c.round(ctx, c.acquireSpec(l, value, aid, n, retrying))
-	var qerr *QuorumError
-	var token uint64
-	if count(rs, OutcomeOK) < c.quorum {
-		qerr = newQuorumError("acquire", l.resources, c.quorum, rs, false, ErrNotAcquired)
-	} else if l.cfg.fencing {
-		token, qerr = c.fence(ctx, l, aid, rs)
-	}
+	k := l.scriptCall(kindAcquire, "acquire", a, nil, []any{a.value, l.ttl.Milliseconds(), l.n})
+	k.parse = parseAcquire(l, k, a.value)
+	rs := c.round(ctx, c.acquireSpec(l, k, a.value, n, retrying))
+	qerr := c.granted(ctx, a, k, rs)
 	if qerr == nil {
 		v := c.validity(start, l.ttl)
 		if v > 0 && v >= time.Duration(float64(l.ttl)*c.cfg.minValidity) {
 			l.mu.Lock()
-			l.state, l.until, l.fenceTok, l.granted = stateHeld, start.Add(l.ttl-c.drift(l.ttl)), token, time.Now()
-			l.prevMark = previousMark(rs)
+			l.state, l.until, l.granted = stateHeld, start.Add(l.ttl-c.drift(l.ttl)), time.Now()
 			l.mu.Unlock()
 			c.tel.held.Add(ctx, 1)
 			return nil
@@ -218,19 +212,14 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 	qerr.refusal = l.cfg.refusalText
 	// Undo on every node that may have granted, also where the answer is
 	// missing or an error (step 5); "held" and "gated" answers set nothing.
-	// The undo does not wait: on each node it goes out after this attempt's
-	// acquire (one queue per node, in order, and a cleanup is never
-	// dropped), so it also deletes a grant that comes after the round was
-	// decided, and it goes before the next attempt's acquire.
+	// Why the undo never overtakes its own grant on a node: Client.undo.
 	skip, none := make([]bool, len(rs)), true
 	for i, r := range rs {
 		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated
 		none = none && skip[i]
 	}
 	if !none { // else every node refused: nothing to undo
-		undo := c.releaseSpec(l, "undo", value, aid, "", skip)
-		undo.async = true
-		c.round(ctx, undo)
+		c.undo(ctx, l.releaseCall(kindUndo, a).call, skip)
 	}
 	return qerr
 }
@@ -250,76 +239,82 @@ func (l *Lock) nextMetadata() error {
 	return nil
 }
 
-// nextAttempt starts an attempt: its value (a new owner token, or the
-// reentrant owner's token, which repeats, with a new acquisition ID)
-// becomes the Lock's. Every attempt has its own owner token or acquisition
-// ID, so that the undo or cleanup of one attempt never deletes what a
-// later attempt set (a reentrant undo removes its own hold only).
-func (l *Lock) nextAttempt() (value, aid string) {
-	token := l.token
-	if token == "" {
-		token = newToken("")
-	} else {
-		aid = newAcquisitionID()
+// granted returns nil when a quorum of rs granted attempt a and its
+// layers' steps after a grant (fencing's rounds) succeeded.
+func (c *Client) granted(ctx context.Context, a *attempt, k layerCall, rs []NodeResult) *QuorumError {
+	if count(rs, OutcomeOK) < c.quorum {
+		return newQuorumError("acquire", a.l.resources, c.quorum, rs, false, ErrNotAcquired)
 	}
-	value = buildValue(token, l.tp, l.cfg.metadata)
-	l.mu.Lock()
-	l.value, l.aid = value, aid
-	l.mu.Unlock()
-	return value, aid
+	for _, y := range k.in {
+		if q := y.granted(ctx, a, k.layout, k.call, rs); q != nil {
+			return q
+		}
+	}
+	return nil
 }
 
-// acquireSpec returns the acquire round of one attempt (scripts/acquire.lua
-// for its arguments). An Acquire's attempt (retrying) marks a refusing
-// holder's key for a release notice, unless notices are off.
-func (c *Client) acquireSpec(l *Lock, value, aid string, n int, retrying bool) roundSpec {
-	fencing, wait := "0", "0"
-	if l.cfg.fencing {
-		fencing = "1"
+// nextAttempt starts an attempt: its value (a new owner token, unless a
+// layer gives the attempt its own: a reentrant owner's, which repeats,
+// with a new acquisition ID) becomes the Lock's. Every attempt has its
+// own owner token or acquisition ID, so that the undo or cleanup of one
+// attempt never deletes what a later attempt set (a reentrant undo
+// removes its own hold only).
+func (l *Lock) nextAttempt() *attempt {
+	a := &attempt{l: l, token: newToken("")}
+	for _, y := range l.layers {
+		y.begin(a)
 	}
-	if retrying && !c.cfg.noWake && !l.cfg.noWake {
-		wait = "1"
-	}
-	spec := roundSpec{op: "acquire", attempt: n, ttl: l.ttl, timeout: l.cfg.nodeTimeout, script: acquireScript, keys: l.keys,
-		args: []any{value, l.ttl.Milliseconds(), l.n, aid, fencing, c.cfg.gate.Milliseconds(), wait,
-			l.cfg.recordTTL.Milliseconds(), markArg(l.cfg), l.cfg.markTTL.Milliseconds()},
-		parse: parseAcquire(l, value), parseSet: parseSetGet(l, value),
+	a.value = buildValue(a.token, l.tp, l.cfg.metadata)
+	l.mu.Lock()
+	l.value, l.aid = a.value, a.aid
+	l.mu.Unlock()
+	return a
+}
+
+// acquireSpec returns the acquire round of one attempt, k (its script
+// from the Lock's layers: scripts/acquire.lua).
+func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying bool) broadcast {
+	spec := broadcast{call: k.call, attempt: n, ttl: l.ttl,
 		// Acquire's retries do not wait for a node that timed out until
 		// it answers again; a first attempt (and TryAcquire, which a
 		// caller may retry through a burst that only slows the nodes)
 		// waits for every node, and so does a settling round.
 		skipDown: retrying && n > 1,
+		wait:     untilKnown,
+	}
+	if !retrying || l.cfg.patient {
 		// A TryAcquire, or a patient round (WithPatientRounds), that lost
 		// waits for the answers still due, also from nodes that are down,
 		// so that its undo does not go to nodes that refused (a fleet's
 		// losers sent one undo per scheduled time each).
-		settle: !retrying || l.cfg.patient,
+		spec.wait = untilSettled
 	}
-	if !retrying && len(l.keys) == 1 {
+	if !retrying && len(l.keys) == 1 && len(k.in) == 0 {
 		// A plain one-key lock tried once: SET NX GET does what the script
 		// does there, and Redis runs a plain command faster than a script.
-		spec.setGet = []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"} // keys: spec.keys
+		spec.plain = &call{op: "acquire", args: []any{"set", l.keys[0], value, "px", l.ttl.Milliseconds(), "nx", "get"},
+			keys: l.keys, parse: parseSetGet(l, value)}
 	}
 	return spec
 }
 
-// parseAcquire returns the reader of l's acquire script replies for
-// value: {1, ...} granted (integers only, as many as the layers add; with
-// fencing, at least the proposed token and the largest counter), {0, holder's value, PTTL, i}
-// refused by lock key i or by the record (i = 0), {0, value, PTTL, -1,
-// mark} refused by the mark, {2, ms} gated. Any other
-// reply, nil included, is a faulty node's (badReply).
-func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
+// parseAcquire returns the reader of the replies to k, l's acquire
+// script, for value: {1, ...} granted, with as many integers as k's
+// layers add; {0, holder's value, PTTL, i} refused by lock key i, or a
+// layer's refusal (refusedBy); {2, ms} gated. Any other reply, nil
+// included, is a faulty node's (badReply).
+func parseAcquire(l *Lock, k layerCall, value string) func(*redis.Cmd) NodeResult {
+	size := k.layout.Replies()
 	return func(cmd *redis.Cmd) NodeResult {
 		v, _ := cmd.Val().([]any)
 		switch {
 		case len(v) == 0 || !allInts(v[:1]):
-		case v[0] == int64(1) && allInts(v) && (!l.cfg.fencing || len(v) >= 3):
+		case v[0] == int64(1) && len(v) == size && allInts(v):
 			return NodeResult{Outcome: OutcomeOK, reply: v}
 		case v[0] == int64(2) && len(v) == 2 && allInts(v):
 			return NodeResult{Outcome: OutcomeGated}
 		case v[0] == int64(0):
-			if r, ok := l.refusedBy(v); ok {
+			if r, ok := l.refusedBy(k.in, v); ok {
 				return r
 			}
 		}
@@ -328,27 +323,20 @@ func parseAcquire(l *Lock, value string) func(*redis.Cmd) NodeResult {
 }
 
 // refusedBy reads the acquire script's refusal {0, holder's value, PTTL,
-// i}, or {0, value, PTTL, -1, mark} by the mark; false when v is not one.
-func (l *Lock) refusedBy(v []any) (NodeResult, bool) {
-	if len(v) == 5 && l.cfg.mark != "" && allInts(v[2:]) && intAt(v, 3) == -1 {
+// i} by lock key i, or one of a layer's in; false when v is none.
+func (l *Lock) refusedBy(in []layer, v []any) (NodeResult, bool) {
+	if len(v) == 4 && allInts(v[2:]) {
 		holder, isString := v[1].(string)
-		r := refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.cfg.mark)
-		r.HolderMark = intAt(v, 4)
-		return r, isString
+		if i := intAt(v, 3); isString && i >= 1 && int(i) <= l.n {
+			return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.resources[i-1]), true
+		}
 	}
-	if len(v) != 4 || !allInts(v[2:]) {
-		return NodeResult{}, false
+	for _, y := range in {
+		if r, ok := y.refusal(l, v); ok {
+			return r, true
+		}
 	}
-	holder, isString := v[1].(string)
-	i := intAt(v, 3)
-	if !isString || i < 0 || int(i) > l.n || (i == 0 && l.cfg.record == "") {
-		return NodeResult{}, false
-	}
-	resource := l.cfg.record
-	if i >= 1 {
-		resource = l.resources[i-1]
-	}
-	return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, resource), true
+	return NodeResult{}, false
 }
 
 // parseSetGet returns the reader of l's SET NX GET replies for value: nil
@@ -368,26 +356,6 @@ func parseSetGet(l *Lock, value string) func(*redis.Cmd) NodeResult {
 		}
 		return badReply("SET NX GET", cmd.Val())
 	}
-}
-
-// markArg is the acquire script's mark argument: the mark, or "" for none.
-func markArg(cfg lockConfig) string {
-	if cfg.mark == "" {
-		return ""
-	}
-	return strconv.FormatInt(cfg.markAt, 10)
-}
-
-// previousMark returns the highest mark that the granting nodes of rs
-// replaced (WithHighWater; 0 for none).
-func previousMark(rs []NodeResult) int64 {
-	var m int64
-	for _, r := range rs {
-		if r.Outcome == OutcomeOK {
-			m = max(m, intAt(r.reply, 4))
-		}
-	}
-	return m
 }
 
 // allInts reports whether every element of v is an integer.

@@ -149,28 +149,18 @@ func (cfg *config) validate(nodes int) error {
 		return invalidf("minimum validity %v (WithMinValidity) must be at least 0 and below 1", cfg.minValidity)
 	case cfg.driftFactor+cfg.minValidity >= 1:
 		return invalidf("drift factor %v (WithDriftFactor) and minimum validity %v (WithMinValidity) add up to 1 or more: no TTL would leave the minimum validity", cfg.driftFactor, cfg.minValidity)
-	case cfg.fencingRetention < time.Second:
-		return invalidf("fencing retention %v (WithFencingRetention) is below the minimum 1s", cfg.fencingRetention)
-	case cfg.gate < 0:
-		return invalidf("restart gate %v (WithRestartGating) is negative (0 turns gating off)", cfg.gate)
-	case cfg.gate > 0 && cfg.gate < time.Millisecond:
-		return invalidf("restart gate %v (WithRestartGating) is below the minimum 1ms (0 turns gating off)", cfg.gate)
 	case hasNUL(cfg.keyPrefix):
 		return invalidf("key prefix %s (WithKeyPrefix) contains a NUL byte", quoteName(cfg.keyPrefix))
 	}
-	return cfg.lock.validateDefault()
-}
-
-// validateDefault checks the LockOptions given to New: a call's own, and
-// no record or mark (WithRecord and WithHighWater name one acquisition's).
-func (cfg *lockConfig) validateDefault() error {
-	switch {
-	case cfg.record != "" || cfg.recordTTL != 0:
-		return invalidf("WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire")
-	case cfg.mark != "" || cfg.markAt != 0 || cfg.markTTL != 0:
-		return invalidf("WithHighWater was given to New: it names one acquisition's mark, so pass it to Acquire or TryAcquire")
+	if err := cfg.lock.validate(); err != nil { // the LockOptions given to New
+		return err
 	}
-	return cfg.validate()
+	for _, check := range clientChecks {
+		if err := check(cfg); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // nodeIdentity returns a key that is equal for two entries that reach the
@@ -346,8 +336,8 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 	if c.closed.Load() {
 		return "", false, wrapf([]error{ErrClosed}, "holder of %s unknown: the client is closed", quoteName(resource))
 	}
-	rs := c.round(ctx, roundSpec{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
-		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet, waitAll: true})
+	rs := c.read(ctx, call{op: "holder", keys: []string{c.cfg.keyPrefix + resource},
+		args: []any{"get", c.cfg.keyPrefix + resource}, parse: parseGet})
 	votes, best := map[string]int{}, 0
 	for _, r := range rs {
 		if r.Outcome != OutcomeOK || r.value == "" {

@@ -197,34 +197,12 @@ func (c *Client) observe(p *peer, r NodeResult) {
 	cause := r.Err
 	switch r.Outcome {
 	case OutcomeOK, OutcomeHeld, OutcomeGated:
-		h.dial, h.lastErr = nil, nil // a later missing answer is not explained by an old failure
-		wait := quiet
-		if errors.Is(h.cause, ErrMisconfigured) {
-			wait = quietMisconfigured
-		}
-		if h.cause != nil && now.Sub(h.failed) >= wait {
-			logGood, since = true, h.since
-			h.cause = nil
-		}
+		logGood, since = h.answeredLocked(now)
 	case OutcomeError, OutcomeTimeout:
 		if cause == nil {
 			cause = errors.New("no answer")
 		}
-		if r.Outcome == OutcomeError {
-			h.lastErr = cause
-		}
-		mis := errors.Is(cause, ErrMisconfigured)
-		logBad = h.cause == nil || mis && !errors.Is(h.cause, ErrMisconfigured)
-		if h.cause == nil {
-			h.since = now
-		}
-		// A misconfigured node's calls also time out (go-redis retries
-		// READONLY until the deadline): that does not make it a new
-		// failure to log again when its next answer names the cause.
-		if r.Outcome != OutcomeTimeout || !errors.Is(h.cause, ErrMisconfigured) {
-			h.cause = cause
-		}
-		h.failed = now
+		logBad = h.failedLocked(r.Outcome, cause, now)
 	}
 	h.mu.Unlock()
 	switch {
@@ -238,6 +216,42 @@ func (c *Client) observe(p *peer, r NodeResult) {
 		c.log.Info("redlock: node answers again", "node", p.addr,
 			"failing_for", now.Sub(since).Round(time.Millisecond).String())
 	}
+}
+
+// answeredLocked records an answer of the node at now; logGood says that
+// it ends a failure that began at since. h.mu is held.
+func (h *health) answeredLocked(now time.Time) (logGood bool, since time.Time) {
+	h.dial, h.lastErr = nil, nil // a later missing answer is not explained by an old failure
+	wait := quiet
+	if errors.Is(h.cause, ErrMisconfigured) {
+		wait = quietMisconfigured
+	}
+	if h.cause != nil && now.Sub(h.failed) >= wait {
+		logGood, since = true, h.since
+		h.cause = nil
+	}
+	return logGood, since
+}
+
+// failedLocked records a failure of the node at now (outcome o, with
+// cause); logBad says that it is a new one to log. h.mu is held.
+func (h *health) failedLocked(o Outcome, cause error, now time.Time) (logBad bool) {
+	if o == OutcomeError {
+		h.lastErr = cause
+	}
+	mis := errors.Is(cause, ErrMisconfigured)
+	logBad = h.cause == nil || mis && !errors.Is(h.cause, ErrMisconfigured)
+	if h.cause == nil {
+		h.since = now
+	}
+	// A misconfigured node's calls also time out (go-redis retries
+	// READONLY until the deadline): that does not make it a new
+	// failure to log again when its next answer names the cause.
+	if o != OutcomeTimeout || !errors.Is(h.cause, ErrMisconfigured) {
+		h.cause = cause
+	}
+	h.failed = now
+	return logBad
 }
 
 // explain returns err, a node's missing answer, with what is known of the

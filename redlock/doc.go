@@ -61,7 +61,9 @@
 //
 // docs/design.md describes the algorithm as implemented, step by step
 // against the redis.io page, and the package's structure: acquire.go (the
-// steps), round.go (one quorum round), lock.go (a held lock), the layers
-// fencing.go, reentrant.go, gating.go and wake.go, and internal/node (the
+// steps), round.go (one quorum round), lock.go (a held lock), layer.go
+// (the seam the features plug into), the layers fencing.go,
+// reentrant.go, gating.go, wake.go, record.go, highwater.go and
+// releaselog.go, each with its Lua fragment, and internal/node (the
 // transport, which batches concurrent commands per node).
 package redlock

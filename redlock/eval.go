@@ -2,8 +2,6 @@ package redlock
 
 import (
 	"context"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -89,7 +87,7 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 		}
 		prefixed[i] = c.cfg.keyPrefix + k
 	}
-	rs := c.round(ctx, roundSpec{op: "eval", timeout: s.timeout, script: s.s, keys: prefixed, args: args, parse: parseEval})
+	rs := c.vote(ctx, call{op: "eval", timeout: s.timeout, script: s.s, keys: prefixed, args: args, parse: parseEval})
 	out := make([]NodeReply, len(rs))
 	for i, r := range rs {
 		out[i] = NodeReply{Node: r.Node, Addr: r.Addr, Val: r.val, Err: r.Err}
@@ -149,56 +147,4 @@ func (c *Client) ReleaseAbandoned(ctx context.Context, resource, metadata, mark 
 		}
 	}
 	return n, err
-}
-
-// ReleaseOption configures one Release.
-type ReleaseOption interface{ log() *releaseLog }
-
-// releaseLog is WithReleaseLog's list and entries.
-type releaseLog struct {
-	list    string
-	keep    int
-	ttl     time.Duration
-	entries []string
-}
-
-func (r *releaseLog) log() *releaseLog { return r }
-
-// WithReleaseLog makes a Release also push entries, oldest first, onto the
-// list under the resource name list on each node where its script runs,
-// in that same script: the list keeps its newest keep entries and lives
-// ttl from the push. It is for data that belongs with the release (the
-// scheduler's run record), which it saves a round. A node whose release
-// script could not run has no entry either. list obeys the rules of a
-// resource name; keep must be at least 1, ttl at least 1 ms (Release
-// returns ErrInvalidArgument, with no I/O, otherwise). Default: none.
-func WithReleaseLog(list string, keep int, ttl time.Duration, entries ...string) ReleaseOption {
-	return &releaseLog{list: list, keep: keep, ttl: ttl, entries: entries}
-}
-
-// check validates a release log (nil: none).
-func (r *releaseLog) check() error {
-	switch {
-	case r == nil:
-		return nil
-	case r.list == "" || hasNUL(r.list):
-		return invalidf("release log list %s (WithReleaseLog) is empty or contains a NUL byte", quoteName(r.list))
-	case r.keep < 1:
-		return invalidf("release log length %d (WithReleaseLog) is below 1", r.keep)
-	case r.ttl < time.Millisecond:
-		return invalidf("release log TTL %v (WithReleaseLog) is below 1ms", r.ttl)
-	}
-	return nil
-}
-
-// add appends the log's key and arguments to a release round (nil: none).
-func (r *releaseLog) add(spec *roundSpec, prefix string) {
-	if r == nil {
-		return
-	}
-	spec.keys = append(slices.Clip(spec.keys), prefix+r.list)
-	spec.args = append(slices.Clip(spec.args), strconv.Itoa(r.keep), r.ttl.Milliseconds())
-	for _, e := range r.entries {
-		spec.args = append(spec.args, e)
-	}
 }

@@ -64,3 +64,11 @@ func (h *commandHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		return next(ctx, cmds)
 	}
 }
+
+// must ends the test when err is not nil.
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

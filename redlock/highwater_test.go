@@ -21,30 +21,14 @@ func TestHighWaterRefusesAtOrBelow(t *testing.T) {
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, []string{"run"}, 5*time.Second, redlock.WithHighWater("mark", 100, time.Minute),
 		redlock.WithMetadata("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if got := l.PreviousMark(); got != 0 {
 		t.Errorf("PreviousMark of the first raise = %d, want 0", got)
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, l.Release(ctx))
 	for _, at := range []int64{100, 50} {
 		_, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", at, time.Minute))
-		var qerr *redlock.QuorumError
-		// A quorum refuses; the first acquisition's call to the third node
-		// may still be on its way (another connection), so that node may
-		// grant and undo.
-		if !errors.As(err, &qerr) || qerr.Count(redlock.OutcomeHeld) < 2 || errors.Is(err, redlock.ErrUnavailable) {
-			t.Fatalf("acquire at %d below the mark 100: %v, want held on a quorum", at, err)
-		}
-		for _, r := range qerr.Nodes {
-			if r.Outcome == redlock.OutcomeHeld && (r.Resource != "mark" || r.Holder != "a" || r.HolderMark != 100 || r.HolderTTL <= 0) {
-				t.Errorf("at %d, node %d: refused by %q (holder %q, mark %d, TTL %v), want the mark 100 of a with a TTL",
-					at, r.Node, r.Resource, r.Holder, r.HolderMark, r.HolderTTL)
-			}
-		}
+		checkRefusedByMark(t, at, err)
 	}
 	l, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("mark", 101, time.Minute))
 	if err != nil {
@@ -60,19 +44,44 @@ func TestHighWaterRefusesAtOrBelow(t *testing.T) {
 	if !errors.As(err, &qerr) || qerr.Nodes[0].Resource != "run" {
 		t.Fatalf("acquire of a held lock with a higher mark: %v, want refused by the lock key", err)
 	}
-	at101 := 0
-	for i, s := range cl {
-		switch m := s.Client(t).HGet(ctx, "mark", "m").Val(); m {
-		case "101":
-			at101++
-		case "200":
-			t.Errorf("node %d: mark 200 after a refused raise", i)
-		}
-	}
-	if at101 < 2 {
+	if at101 := marksAt(t, cl, "101", "200"); at101 < 2 {
 		t.Errorf("the mark is 101 on %d nodes after a refused raise, want a quorum", at101)
 	}
 	_ = l.Release(ctx)
+}
+
+// checkRefusedByMark fails the test unless err, of an acquisition at at
+// below the mark 100 that "a" raised, is a refusal by that mark on a
+// quorum. The first acquisition's call to the third node may still be on
+// its way (another connection), so that node may grant and undo.
+func checkRefusedByMark(t *testing.T, at int64, err error) {
+	t.Helper()
+	var qerr *redlock.QuorumError
+	if !errors.As(err, &qerr) || qerr.Count(redlock.OutcomeHeld) < 2 || errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("acquire at %d below the mark 100: %v, want held on a quorum", at, err)
+	}
+	for _, r := range qerr.Nodes {
+		if r.Outcome == redlock.OutcomeHeld && (r.Resource != "mark" || r.Holder != "a" || r.HolderMark != 100 || r.HolderTTL <= 0) {
+			t.Errorf("at %d, node %d: refused by %q (holder %q, mark %d, TTL %v), want the mark 100 of a with a TTL",
+				at, r.Node, r.Resource, r.Holder, r.HolderMark, r.HolderTTL)
+		}
+	}
+}
+
+// marksAt returns on how many nodes of cl the mark "mark" is want, and
+// fails the test for each node where it is never.
+func marksAt(t *testing.T, cl redlocktest.Cluster, want, never string) int {
+	t.Helper()
+	n := 0
+	for i, s := range cl {
+		switch m := s.Client(t).HGet(context.Background(), "mark", "m").Val(); m {
+		case want:
+			n++
+		case never:
+			t.Errorf("node %d: mark %s after a refused raise", i, never)
+		}
+	}
+	return n
 }
 
 // TestHighWaterUndoPutsTheMarkBack: an attempt that raised the mark on a
@@ -172,9 +181,7 @@ func TestEvalRunsOnEveryNode(t *testing.T) {
 	ctx := context.Background()
 	push := redlock.NewScript(`redis.call('RPUSH', KEYS[1], ARGV[1]) return redis.call('LLEN', KEYS[1])`)
 	replies, err := c.Eval(ctx, push, []string{"list"}, "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	answered := 0
 	for i, r := range replies {
 		if r.Node != i || r.Err == nil && r.Val != int64(1) {
@@ -187,15 +194,7 @@ func TestEvalRunsOnEveryNode(t *testing.T) {
 	if answered < 2 {
 		t.Errorf("%d replies, want a quorum", answered)
 	}
-	for i, s := range cl { // the call to a node not waited for still goes out
-		deadline := time.Now().Add(5 * time.Second)
-		for s.Client(t).LLen(ctx, "p:list").Val() != 1 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := s.Client(t).LLen(ctx, "p:list").Val(); n != 1 {
-			t.Errorf("node %d: p:list has %d entries, want 1", i, n)
-		}
-	}
+	waitListLen(t, cl, "p:list", 1) // the call to a node not waited for still goes out
 	cl[1].Kill(t)
 	cl[2].Kill(t)
 	replies, err = c.Eval(ctx, push, []string{"list"}, "y")
@@ -276,4 +275,20 @@ func TestReleaseLogWritesBesideTheRelease(t *testing.T) {
 		t.Errorf("Release with a log of length 0: %v, want ErrInvalidArgument", err)
 	}
 	_ = l.Release(ctx)
+}
+
+// waitListLen waits up to 5 s until the list key has want entries on every
+// node of cl, and fails the test for each node where it has not.
+func waitListLen(t *testing.T, cl redlocktest.Cluster, key string, want int64) {
+	t.Helper()
+	ctx := context.Background()
+	for i, s := range cl {
+		deadline := time.Now().Add(5 * time.Second)
+		for s.Client(t).LLen(ctx, key).Val() != want && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := s.Client(t).LLen(ctx, key).Val(); n != want {
+			t.Errorf("node %d: %s has %d entries, want %d", i, key, n, want)
+		}
+	}
 }

@@ -52,8 +52,8 @@ func (c *Client) Holders(ctx context.Context, resources []string) ([]Holding, er
 	for i, r := range resources {
 		keys[i] = c.cfg.keyPrefix + r
 	}
-	rs := c.round(ctx, roundSpec{op: "holder", timeout: max(c.cfg.nodeTimeout, holdersWait), script: holdersScript, keys: keys,
-		parse: parseHolders(len(keys)), waitAll: true})
+	rs := c.read(ctx, call{op: "holder", timeout: max(c.cfg.nodeTimeout, holdersWait), script: holdersScript, keys: keys,
+		parse: parseHolders(len(keys))})
 	out := make([]Holding, len(resources))
 	failed := failures(rs)
 	for i := range resources {

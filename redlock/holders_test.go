@@ -19,24 +19,18 @@ func TestHolders(t *testing.T) {
 	nodes := cl.Clients(t)
 	c := newClient(t, nodes, redlock.WithNodeTimeout(300*time.Millisecond))
 	ctx := context.Background()
-	if _, err := c.TryAcquire(ctx, []string{"a"}, time.Minute, redlock.WithMetadata("instance-a")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.TryAcquire(ctx, []string{"b"}, time.Minute, redlock.WithMetadata("instance-b")); err != nil {
-		t.Fatal(err)
-	}
+	_, err := c.TryAcquire(ctx, []string{"a"}, time.Minute, redlock.WithMetadata("instance-a"))
+	must(t, err)
+	_, err = c.TryAcquire(ctx, []string{"b"}, time.Minute, redlock.WithMetadata("instance-b"))
+	must(t, err)
 	waitSettled(t, c)
 	// "b" stays on node 0 only.
 	for _, n := range nodes[1:] {
-		if err := n.Del(ctx, "b").Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, n.Del(ctx, "b").Err())
 	}
 	hs, err := c.Holders(ctx, []string{"a", "b", "free"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h := hs[0]; !h.Held || h.Metadata != "instance-a" || h.TTL <= 50*time.Second || h.TTL > time.Minute || h.Unknown {
+	must(t, err)
+	if h := hs[0]; !heldAboutAMinute(h, "instance-a") {
 		t.Errorf("Holders a = %+v, want held by instance-a for about a minute", h)
 	}
 	if h := hs[1]; h.Held || h.Unknown || h.Metadata != "" {
@@ -45,9 +39,7 @@ func TestHolders(t *testing.T) {
 	if h := hs[2]; h != (redlock.Holding{}) {
 		t.Errorf("Holders free = %+v, want the zero Holding", h)
 	}
-	if err := nodes[1].Del(ctx, "a").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, nodes[1].Del(ctx, "a").Err())
 	cl[2].Stop(t)
 	defer cl[2].Cont(t)
 	hs, err = c.Holders(ctx, []string{"a", "free"})
@@ -62,8 +54,21 @@ func TestHolders(t *testing.T) {
 	if _, err := c.Holders(ctx, []string{"a"}); !errors.Is(err, redlock.ErrUnavailable) {
 		t.Errorf("Holders with two nodes of 3 stopped = %v, want ErrUnavailable", err)
 	}
+	checkHoldersRejectsBadInput(t, c)
+}
+
+// heldAboutAMinute reports whether h says held by metadata md, known, for
+// 50 s to a minute.
+func heldAboutAMinute(h redlock.Holding, md string) bool {
+	return h.Held && h.Metadata == md && h.TTL > 50*time.Second && h.TTL <= time.Minute && !h.Unknown
+}
+
+// checkHoldersRejectsBadInput fails the test unless c's Holders rejects
+// no resources, an empty one, a duplicate and one with a NUL byte.
+func checkHoldersRejectsBadInput(t *testing.T, c *redlock.Client) {
+	t.Helper()
 	for _, bad := range [][]string{nil, {""}, {"x", "x"}, {"a\x00"}} {
-		if _, err := c.Holders(ctx, bad); !errors.Is(err, redlock.ErrInvalidArgument) {
+		if _, err := c.Holders(context.Background(), bad); !errors.Is(err, redlock.ErrInvalidArgument) {
 			t.Errorf("Holders(%q) = %v, want ErrInvalidArgument", bad, err)
 		}
 	}

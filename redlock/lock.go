@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,15 +24,11 @@ type Lock struct {
 	c         *Client
 	cfg       lockConfig
 	resources []string
-	// keys are the lock keys, then (reentrant) the holds hashes, then
-	// (fenced) the fencing counters, then (gated) the gate markers, then
-	// the record key (WithRecord), then the mark (WithHighWater).
-	keys     []string
-	n        int    // number of resources
-	token    string // owner token of a reentrant lock ("" otherwise: one per attempt)
-	tp       string // traceparent of the acquiring span, stored in the value
-	fenceTok uint64 // fencing token, set once held
-	prevMark int64  // WithHighWater: the highest mark replaced, set once held
+	keys      []string                                // the lock keys, one per resource (the layers add theirs to each script)
+	n         int                                     // number of resources
+	layers    []layer                                 // the features of the Lock's scripts (layer.go)
+	tp        string                                  // traceparent of the acquiring span, stored in the value
+	scripts   [kindUndo + 1]atomic.Pointer[assembled] // its scripts by kind, once assembled (a Release's log aside)
 
 	// op orders Extend and Release: each holds it for its whole round.
 	op sync.Mutex
@@ -63,7 +60,8 @@ const (
 )
 
 // newLock validates one call's input and prepares its Lock.
-func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Duration, opts []LockOption) (*Lock, error) {
+// retrying says that the Lock is Acquire's, not TryAcquire's.
+func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Duration, opts []LockOption, retrying bool) (*Lock, error) {
 	if c.closed.Load() {
 		return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired: the client is closed", lockName(resources))
 	}
@@ -84,96 +82,22 @@ func (c *Client) newLock(ctx context.Context, resources []string, ttl time.Durat
 	if err := c.checkResources(resources); err != nil {
 		return nil, err
 	}
-	if err := c.checkRecord(&cfg, resources); err != nil {
-		return nil, err
-	}
-	if err := checkMark(&cfg, resources); err != nil {
-		return nil, err
-	}
 	n := len(resources)
 	l := &Lock{c: c, cfg: cfg, resources: slices.Clone(resources), n: n, ttl: ttl,
 		tp: traceparentOf(ctx)}
 	for _, r := range resources {
 		l.keys = append(l.keys, c.cfg.keyPrefix+r)
 	}
-	if cfg.owner != "" {
-		l.token = newToken(cfg.owner)
-		l.keys = append(l.keys, holdsKeys(l.keys[:n])...)
-	}
-	if cfg.fencing {
-		l.keys = append(l.keys, counterKeys(l.keys[:n])...)
-	}
-	if c.cfg.gate > 0 {
-		l.keys = append(l.keys, c.gateKeys()...)
-	}
-	if cfg.record != "" {
-		l.keys = append(l.keys, c.cfg.keyPrefix+cfg.record)
-	}
-	if cfg.mark != "" {
-		l.keys = append(l.keys, c.cfg.keyPrefix+cfg.mark)
+	for _, newLayer := range registry {
+		y, err := newLayer(c, &cfg, resources, retrying)
+		if err != nil {
+			return nil, err
+		}
+		if y != nil {
+			l.layers = append(l.layers, y)
+		}
 	}
 	return l, nil
-}
-
-// checkMark validates WithHighWater's arguments.
-func checkMark(cfg *lockConfig, resources []string) error {
-	switch {
-	case cfg.mark == "" && cfg.markAt == 0 && cfg.markTTL == 0:
-		return nil
-	case cfg.markAt <= 0:
-		return invalidf("mark %d (WithHighWater) is not positive", cfg.markAt)
-	case cfg.markTTL < time.Millisecond:
-		return invalidf("mark TTL %v (WithHighWater) is below 1ms", cfg.markTTL)
-	}
-	taken := resources
-	if cfg.record != "" {
-		taken = append(slices.Clip(resources), cfg.record)
-	}
-	return checkAddedKey("WithHighWater", "mark", cfg.mark, taken, cfg.owner)
-}
-
-// checkAddedKey validates the name of a key that option adds to an
-// acquisition (a record, a mark): not empty, no NUL byte, not reserved,
-// none of taken (the lock's resources and other added keys), and no
-// reentrant owner.
-func checkAddedKey(option, what, name string, taken []string, owner string) error {
-	switch {
-	case name == "":
-		return invalidf("the %s name (%s) is empty", what, option)
-	case hasNUL(name):
-		return invalidf("%s name %s (%s) contains a NUL byte", what, quoteName(name), option)
-	case name == legacyGateName:
-		return invalidf("%s name %s (%s) is reserved: releases before 0.2 kept the restart gate marker under it", what, quoteName(name), option)
-	case slices.Contains(taken, name):
-		return invalidf("%s name %s (%s) is also a resource of the lock, or its record", what, quoteName(name), option)
-	case owner != "":
-		return invalidf("%s cannot be combined with WithOwner", option)
-	}
-	return nil
-}
-
-// PreviousMark returns, for a Lock acquired with WithHighWater, the
-// highest mark that its acquisition replaced on the nodes that granted it
-// (0: none), read once held; 0 for any other Lock. Safe for concurrent
-// use.
-func (l *Lock) PreviousMark() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.prevMark
-}
-
-// checkRecord validates WithRecord's arguments.
-func (c *Client) checkRecord(cfg *lockConfig, resources []string) error {
-	if cfg.record == "" && cfg.recordTTL == 0 {
-		return nil
-	}
-	if err := checkAddedKey("WithRecord", "record", cfg.record, resources, cfg.owner); err != nil {
-		return err
-	}
-	if p := c.ttlProblem(cfg.recordTTL); p != "" {
-		return invalidf("record %s (WithRecord): %s", quoteName(cfg.record), p)
-	}
-	return nil
 }
 
 // validate checks one call's options, naming the bad value.
@@ -183,12 +107,13 @@ func (cfg *lockConfig) validate() error {
 		return invalidf("the retry policy factory (WithRetry) is nil")
 	case len(cfg.metadata) > MaxMetadata:
 		return invalidf("metadata (WithMetadata) is %d bytes, more than the maximum %d", len(cfg.metadata), MaxMetadata)
-	case cfg.ownerSet && cfg.owner == "":
-		return invalidf("owner ID (WithOwner) is empty")
-	case len(cfg.owner) > MaxOwner:
-		return invalidf("owner ID (WithOwner) is %d bytes, more than the maximum %d", len(cfg.owner), MaxOwner)
 	case cfg.nodeTimeoutSet && cfg.nodeTimeout <= 0:
 		return invalidf("node timeout %v (WithNodeTimeout) is not positive", cfg.nodeTimeout)
+	}
+	for _, check := range callChecks {
+		if err := check(cfg); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -225,21 +150,6 @@ func (l *Lock) Resources() []string {
 	return slices.Clone(l.resources)
 }
 
-// FencingToken returns the lock's fencing token: a number that strictly
-// increases across successive holders of each of its resources, or 0 when
-// the lock was acquired without fencing (WithFencing). One token covers all
-// resources of a multi-resource lock. Pass it with every write to the
-// protected resource, which must reject a token lower than the highest it
-// has seen. docs/fencing.md gives the guarantee and its assumptions.
-func (l *Lock) FencingToken() uint64 {
-	if l == nil {
-		return 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.fenceTok
-}
-
 // Metadata returns the metadata stored with the lock (WithMetadata, or the
 // granted attempt's WithMetadataFunc result). Safe for concurrent use.
 func (l *Lock) Metadata() string {
@@ -273,15 +183,6 @@ func (l *Lock) TTL() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.ttl
-}
-
-// ownedKeys returns the lock keys and, for a reentrant lock, its holds
-// hashes: the keys of the extend and release scripts.
-func (l *Lock) ownedKeys() []string {
-	if l.token != "" {
-		return l.keys[:2*l.n]
-	}
-	return l.keys[:l.n]
 }
 
 // setStateLocked moves l to state to, and records the end of a hold in the
@@ -403,16 +304,9 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	start := time.Now()
 	l.expires = later(l.keysExpireLocked(), start.Add(ttl+l.nodeTimeout()))
 	l.mu.Unlock()
-	reentrant := "0"
-	if l.token != "" {
-		reentrant = "1"
-	}
-	keys := l.ownedKeys()
-	if c.cfg.gate > 0 {
-		keys = append(slices.Clip(keys), c.gateKeys()...)
-	}
-	rs := c.round(ctx, roundSpec{op: "extend", timeout: l.cfg.nodeTimeout, script: extendScript, keys: keys,
-		args: []any{value, ttl.Milliseconds(), reentrant, aid, c.cfg.gate.Milliseconds()}, parse: parseExtend, deadline: until})
+	a := &attempt{l: l, value: value, aid: aid}
+	k := l.scriptCall(kindExtend, "extend", a, parseExtend, []any{value, ttl.Milliseconds(), l.n})
+	rs := c.voteUntil(ctx, k.call, until)
 	err = l.extended(ctx, rs, start, ttl)
 	if errors.Is(err, ErrLockLost) {
 		l.dropRegained(ctx, rs, value, aid)
@@ -432,9 +326,8 @@ func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value, aid str
 	if none {
 		return
 	}
-	undo := l.c.releaseSpec(l, "release", value, aid, "", skip)
-	undo.async = true
-	l.c.round(ctx, undo)
+	a := &attempt{l: l, value: value, aid: aid}
+	l.c.undo(ctx, l.releaseCall(kindRelease, a).call, skip)
 }
 
 // extended records the outcome of an extend round that started at start
@@ -506,14 +399,8 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if l == nil {
 		return invalidf("Release called on a nil *Lock")
 	}
-	var log *releaseLog
-	for i, o := range opts {
-		if o == nil {
-			return invalidf("ReleaseOption %d of %d is nil", i+1, len(opts))
-		}
-		log = o.log()
-	}
-	if err := log.check(); err != nil {
+	log, err := releaseOptions(opts)
+	if err != nil {
 		return err
 	}
 	c := l.c
@@ -531,14 +418,34 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if prev == stateReleased {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
-	notice := c.wake.noticeID()
-	spec := c.releaseSpec(l, "release", value, aid, notice, nil)
-	log.add(&spec, c.cfg.keyPrefix)
-	rs := c.round(ctx, spec)
-	ok, left := count(rs, OutcomeOK), keysLeft(rs)
-	if ok >= c.quorum {
-		c.wake.released(l.keys[:l.n], notice)
+	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, aid: aid, notify: true}, log.layers(c.cfg.keyPrefix)...)
+	rs := c.release(ctx, k.call, nil)
+	if count(rs, OutcomeOK) >= c.quorum {
+		for i, y := range k.in {
+			y.released(l, k.largs[i])
+		}
 	}
+	return l.releaseErr(rs, prev, until, expires)
+}
+
+// releaseOptions returns the release log of opts, if any.
+func releaseOptions(opts []ReleaseOption) (*releaseLog, error) {
+	var log *releaseLog
+	for i, o := range opts {
+		if o == nil {
+			return nil, invalidf("ReleaseOption %d of %d is nil", i+1, len(opts))
+		}
+		log = o.log()
+	}
+	return log, log.check()
+}
+
+// releaseErr returns Release's error for the release round rs of a Lock
+// that was in state prev, valid until until, with keys that expire at
+// expires at the latest.
+func (l *Lock) releaseErr(rs []NodeResult, prev lockState, until, expires time.Time) error {
+	c := l.c
+	ok, left := count(rs, OutcomeOK), keysLeft(rs)
 	switch {
 	case ok >= c.quorum && left == "":
 		return nil
@@ -612,23 +519,16 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// releaseSpec returns a round that runs the release script for one
-// attempt's value: op "release" (Release) or "undo" (a failed attempt: its
-// "held" answers are another holder's keys). notice is the payload of the
-// release notices ("" for none: only Release wakes waiters). Its calls are
-// cleanups (roundSpec.cleanup).
-// An undo deletes the attempt's record too, and puts back the mark before
-// its own.
-func (c *Client) releaseSpec(l *Lock, op, value, aid, notice string, skip []bool) roundSpec {
-	keys, want, mark := l.ownedKeys(), l.n, ""
-	if op == "undo" && l.cfg.record != "" {
-		keys, want = append(slices.Clip(keys), l.c.cfg.keyPrefix+l.cfg.record), l.n+1
+// releaseCall returns the call of the release script (kindRelease) or of
+// an undo (kindUndo: a failed attempt, whose "held" answers are another
+// holder's keys) for attempt a, with the extra layers after l's. It goes
+// out as a cleanup (release, undo).
+func (l *Lock) releaseCall(k scriptKind, a *attempt, extra ...layer) layerCall {
+	op := "release"
+	if k == kindUndo {
+		op = "undo"
 	}
-	if op == "undo" && l.cfg.mark != "" {
-		keys, mark = append(slices.Clip(keys), l.keys[len(l.keys)-1]), "1"
-	}
-	return roundSpec{op: op, timeout: l.cfg.nodeTimeout, script: releaseScript, keys: keys, args: []any{value, aid, notice, mark},
-		parse: parseInt(int64(want)), skip: skip, cleanup: true}
+	return l.scriptCall(k, op, a, parseInt(int64(l.n)), []any{a.value, l.n}, extra...)
 }
 
 // parseExtend reads the extend script's reply: 1 extended; 0 held by

@@ -192,90 +192,99 @@ func TestMisconfiguredNodesAreNotOutages(t *testing.T) {
 				res = []string{"r"}
 			}
 			good := redlocktest.Start(t, 2)
-			ctx := context.Background()
-
-			t.Run("minority", func(t *testing.T) {
-				bad := tc.node(t)
-				c, logs := newLogged(t, append(good.Clients(t), bad))
-				addr := bad.(*redis.Client).Options().Addr
-				// The node answers late when go-redis retries its reply
-				// (READONLY): the log line may follow a few locks.
-				deadline := time.Now().Add(10 * time.Second)
-				for len(logs.lines("node="+addr, "level=ERROR")) == 0 {
-					l, err := c.TryAcquire(ctx, res, time.Second, script)
-					if err != nil {
-						t.Fatalf("one misconfigured node of three: %v", err)
-					}
-					// A quorum released; the error names the node where the
-					// release could not run.
-					if err := l.Release(ctx); err != nil && (errors.Is(err, redlock.ErrLockLost) ||
-						errors.Is(err, redlock.ErrUnavailable) || !strings.Contains(err.Error(), addr)) {
-						t.Fatalf("release: %v", err)
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("no error log names the node %s; log:\n%s", addr, logs)
-					}
-				}
-				// More failures of the same node: no line per failure. (A
-				// second line can follow a recovery that a timeout's cause
-				// allowed before the node's answer named the misconfiguration.)
-				for range 10 {
-					l, err := c.TryAcquire(ctx, res, time.Second, script)
-					if err != nil {
-						t.Fatalf("one misconfigured node of three: %v", err)
-					}
-					_ = l.Release(ctx)
-				}
-				if n := len(logs.lines("node="+addr, "level=ERROR")); n > 2 {
-					t.Errorf("%d error lines for the node in 10 more locks, want at most 2; log:\n%s", n, logs)
-				}
-				line := logs.lines("node="+addr, "level=ERROR")[0]
-				for _, want := range append([]string{"misconfigured"}, tc.cause...) {
-					if !strings.Contains(line, want) {
-						t.Errorf("log line %q does not name %q", line, want)
-					}
-				}
-			})
-
-			t.Run("majority", func(t *testing.T) {
-				nodes := []redis.UniversalClient{good.Clients(t)[0], tc.node(t), tc.node(t)}
-				c, _ := newLogged(t, nodes)
-				var err error
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					_, err = c.TryAcquire(ctx, res, time.Second, script)
-					if err == nil {
-						t.Fatal("acquired with two of three nodes misconfigured")
-					}
-					// A READONLY node's first answer may come after the node
-					// timeout (go-redis retries it); from then on it is known.
-					if errors.Is(err, redlock.ErrMisconfigured) && !errors.Is(err, redlock.ErrUnavailable) || time.Now().After(deadline) {
-						break
-					}
-				}
-				if !errors.Is(err, redlock.ErrMisconfigured) || errors.Is(err, redlock.ErrUnavailable) {
-					t.Fatalf("error matches ErrMisconfigured %v, ErrUnavailable %v, want true, false: %v",
-						errors.Is(err, redlock.ErrMisconfigured), errors.Is(err, redlock.ErrUnavailable), err)
-				}
-				if !errors.Is(err, redlock.ErrNotAcquired) {
-					t.Errorf("error does not match ErrNotAcquired: %v", err)
-				}
-				for _, want := range tc.cause {
-					if !strings.Contains(err.Error(), want) {
-						t.Errorf("error text does not name %q: %v", want, err)
-					}
-				}
-				var q *redlock.QuorumError
-				if !errors.As(err, &q) {
-					t.Fatalf("no *QuorumError in %v", err)
-				}
-				for _, i := range []int{1, 2} {
-					if r := q.Nodes[i]; !errors.Is(r.Err, redlock.ErrMisconfigured) {
-						t.Errorf("node %d: %v %v does not match ErrMisconfigured", i, r.Outcome, r.Err)
-					}
-				}
-			})
+			t.Run("minority", func(t *testing.T) { misconfiguredMinority(t, tc, good, res) })
+			t.Run("majority", func(t *testing.T) { misconfiguredMajority(t, tc, good, res) })
 		})
+	}
+}
+
+// misconfiguredMinority: with one node of three misconfigured (tc), locks
+// work, one error line names the node and its cause, and further failures
+// of it log no more.
+func misconfiguredMinority(t *testing.T, tc misconfigCase, good redlocktest.Cluster, res []string) {
+	ctx := context.Background()
+	bad := tc.node(t)
+	c, logs := newLogged(t, append(good.Clients(t), bad))
+	addr := bad.(*redis.Client).Options().Addr
+	// The node answers late when go-redis retries its reply
+	// (READONLY): the log line may follow a few locks.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(logs.lines("node="+addr, "level=ERROR")) == 0 {
+		l, err := c.TryAcquire(ctx, res, time.Second, script)
+		if err != nil {
+			t.Fatalf("one misconfigured node of three: %v", err)
+		}
+		// A quorum released; the error names the node where the
+		// release could not run.
+		if err := l.Release(ctx); err != nil && (errors.Is(err, redlock.ErrLockLost) ||
+			errors.Is(err, redlock.ErrUnavailable) || !strings.Contains(err.Error(), addr)) {
+			t.Fatalf("release: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no error log names the node %s; log:\n%s", addr, logs)
+		}
+	}
+	// More failures of the same node: no line per failure. (A
+	// second line can follow a recovery that a timeout's cause
+	// allowed before the node's answer named the misconfiguration.)
+	for range 10 {
+		l, err := c.TryAcquire(ctx, res, time.Second, script)
+		if err != nil {
+			t.Fatalf("one misconfigured node of three: %v", err)
+		}
+		_ = l.Release(ctx)
+	}
+	if n := len(logs.lines("node="+addr, "level=ERROR")); n > 2 {
+		t.Errorf("%d error lines for the node in 10 more locks, want at most 2; log:\n%s", n, logs)
+	}
+	line := logs.lines("node="+addr, "level=ERROR")[0]
+	for _, want := range append([]string{"misconfigured"}, tc.cause...) {
+		if !strings.Contains(line, want) {
+			t.Errorf("log line %q does not name %q", line, want)
+		}
+	}
+}
+
+// misconfiguredMajority: with two nodes of three misconfigured (tc),
+// Acquire fails with ErrMisconfigured, not ErrUnavailable, naming the
+// cause, and each such node's result matches ErrMisconfigured.
+func misconfiguredMajority(t *testing.T, tc misconfigCase, good redlocktest.Cluster, res []string) {
+	ctx := context.Background()
+	nodes := []redis.UniversalClient{good.Clients(t)[0], tc.node(t), tc.node(t)}
+	c, _ := newLogged(t, nodes)
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err = c.TryAcquire(ctx, res, time.Second, script)
+		if err == nil {
+			t.Fatal("acquired with two of three nodes misconfigured")
+		}
+		// A READONLY node's first answer may come after the node
+		// timeout (go-redis retries it); from then on it is known.
+		if errors.Is(err, redlock.ErrMisconfigured) && !errors.Is(err, redlock.ErrUnavailable) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !errors.Is(err, redlock.ErrMisconfigured) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("error matches ErrMisconfigured %v, ErrUnavailable %v, want true, false: %v",
+			errors.Is(err, redlock.ErrMisconfigured), errors.Is(err, redlock.ErrUnavailable), err)
+	}
+	if !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Errorf("error does not match ErrNotAcquired: %v", err)
+	}
+	for _, want := range tc.cause {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error text does not name %q: %v", want, err)
+		}
+	}
+	var q *redlock.QuorumError
+	if !errors.As(err, &q) {
+		t.Fatalf("no *QuorumError in %v", err)
+	}
+	for _, i := range []int{1, 2} {
+		if r := q.Nodes[i]; !errors.Is(r.Err, redlock.ErrMisconfigured) {
+			t.Errorf("node %d: %v %v does not match ErrMisconfigured", i, r.Outcome, r.Err)
+		}
 	}
 }
 

@@ -40,19 +40,23 @@ func TestModelBuildsTheClientsCalls(t *testing.T) {
 				if owner != "" {
 					lockOpts = append(lockOpts, WithOwner(owner))
 				}
-				l, err := c.newLock(context.Background(), []string{"a", "b"}, 1500*time.Millisecond, lockOpts)
+				l, err := c.newLock(context.Background(), []string{"a", "b"}, 1500*time.Millisecond, lockOpts, true)
 				if err != nil {
 					t.Fatal(err)
 				}
-				value, aid := l.nextAttempt()
+				a := l.nextAttempt()
 				spec := model.LockSpec{Prefix: "p:", Resources: []string{"a", "b"}, Reentrant: owner != "", Fencing: fencing,
-					Gate: gate.Milliseconds(), Wait: true}
-				got := c.acquireSpec(l, value, aid, 2, true)
-				same(t, name+" acquire", got.keys, got.args, spec.AcquireCall(value, aid, 1500))
-				for _, op := range []string{"undo", "release"} {
-					got := c.releaseSpec(l, op, value, aid, "", nil)
-					same(t, name+" "+op, got.keys, got.args, spec.ReleaseCall(value, aid, op == "undo", nil))
+					Gate: gate.Milliseconds(), Wait: true, Notices: true}
+				got := l.scriptCall(kindAcquire, "acquire", a, nil, []any{a.value, l.ttl.Milliseconds(), l.n})
+				same(t, name+" acquire", got, spec.AcquireCall(a.value, a.aid, 1500))
+				got = l.scriptCall(kindExtend, "extend", a, nil, []any{a.value, l.ttl.Milliseconds(), l.n})
+				same(t, name+" extend", got, spec.ExtendCall(a.value, a.aid, 1500))
+				for _, k := range []scriptKind{kindUndo, kindRelease} {
+					same(t, name+" undo/release", l.releaseCall(k, a), spec.ReleaseCall(a.value, a.aid, k == kindUndo, nil))
 				}
+				log := &model.ReleaseLog{Name: "log", Len: 3, TTL: 5000, Entries: []string{"e1", "e2"}}
+				got = l.releaseCall(kindRelease, a, WithReleaseLog("log", 3, 5*time.Second, "e1", "e2").log().layers("p:")...)
+				same(t, name+" release with a log", got, spec.ReleaseCall(a.value, a.aid, false, log))
 				if err := c.Close(context.Background()); err != nil {
 					t.Fatal(err)
 				}
@@ -61,14 +65,18 @@ func TestModelBuildsTheClientsCalls(t *testing.T) {
 	}
 }
 
-// same fails unless keys and args are the model's call's.
-func same(t *testing.T, what string, keys []string, args []any, want model.Call) {
+// same fails unless the call's keys, args and layout are the model's
+// call's.
+func same(t *testing.T, what string, got layerCall, want model.Call) {
 	t.Helper()
-	argv := make([]string, len(args))
-	for i, a := range args {
+	argv := make([]string, len(got.call.args))
+	for i, a := range got.call.args {
 		argv[i] = fmt.Sprint(a)
 	}
-	if !slices.Equal(keys, want.Keys) || !slices.Equal(argv, want.Argv) {
-		t.Errorf("%s: the client sends keys %q args %q, the model %q %q", what, keys, argv, want.Keys, want.Argv)
+	if !slices.Equal(got.keys, want.Keys) || !slices.Equal(argv, want.Argv) {
+		t.Errorf("%s: the client sends keys %q args %q, the model %q %q", what, got.keys, argv, want.Keys, want.Argv)
+	}
+	if g, w := got.layout.Parts(), want.Layout().Parts(); !slices.Equal(g, w) {
+		t.Errorf("%s: the client's script has the layers %q, the model's %q", what, g, w)
 	}
 }

@@ -172,62 +172,6 @@ func WithLogger(l *slog.Logger) Option {
 	return clientOption(func(c *config) { c.logger = l })
 }
 
-// WithReleaseNotices turns waking on release on or off (default on): an
-// Acquire that a holder refused on a quorum subscribes, on every node, to
-// the release notices of its resources and starts its next round as soon as
-// the holder releases, instead of polling with its retry delay (wake.go).
-// The channels are "<key>:released": an ACL user needs
-// &<prefix>*:released (Redis 7 gives new users no channel); a release
-// whose PUBLISH is denied still releases. Turn it off where the nodes refuse
-// SUBSCRIBE (ACLs, proxies without pub/sub): this Client's releases then
-// publish nothing either. While an Acquire waits, the Client keeps one
-// PubSub connection and two goroutines per node; they end when no Acquire
-// waits any more, and at Close.
-//
-// Given to a call (Acquire, Do), WithReleaseNotices(false) makes that call
-// poll with its retry delay and mark no holder's key, so that the holder's
-// release publishes nothing for it (package scheduler's Lock: its losers
-// do not wait). A call cannot turn notices on when its Client has them
-// off.
-func WithReleaseNotices(on bool) LockOption { return releaseNoticesOption(on) }
-
-type releaseNoticesOption bool
-
-func (o releaseNoticesOption) applyClient(c *config)   { c.noWake, c.lock.noWake = !bool(o), !bool(o) }
-func (o releaseNoticesOption) applyLock(l *lockConfig) { l.noWake = !bool(o) }
-
-// WithFencingRetention sets how long a resource's fencing counter is kept
-// after its last fenced acquisition (the counter keys' TTL, refreshed by
-// every fenced acquisition). Tokens also rise with the nodes' clocks, so
-// they stay monotonic after a counter expired as long as those clocks do
-// (docs/fencing.md). Default DefaultFencingRetention (7 days); New rejects
-// values below 1 s.
-func WithFencingRetention(d time.Duration) Option {
-	return clientOption(func(c *config) { c.fencingRetention = d })
-}
-
-// WithRestartGating enforces the redis.io page's "delayed restarts": a node
-// that has lost its data (restarted without persistence, or flushed) does
-// not vote for any acquisition until maxTTL has passed since it was first
-// seen empty, so it cannot grant a lock that it had granted to someone else
-// before the restart. It applies to every client that uses the same nodes
-// with the same key prefix and this option. The gate marker is a key without
-// TTL on each node: a node that keeps its data (appendonly yes + appendfsync
-// always) keeps its marker and is not gated after a restart. Restarting from
-// an RDB snapshot restores a stale marker and defeats the gate: use AOF, or
-// no persistence at all.
-//
-// Every TTL used with this Client, in Acquire, TryAcquire, Do and Extend,
-// must be at most maxTTL (longer ones are rejected; CheckTTL): with their
-// defaults, package scheduler needs 10 s (its run lock; tick records need
-// 2 x clock tolerance + lock timeout, 3 s) and package elector 10 s (its
-// lease), which their constructors check. On a brand-new node
-// the first acquisitions also wait maxTTL. Gated nodes show OutcomeGated.
-// Default 0: off. New rejects negative values and values below 1 ms.
-func WithRestartGating(maxTTL time.Duration) Option {
-	return clientOption(func(c *config) { c.gate = maxTTL })
-}
-
 // WithRetry sets the retry policy of Acquire and Do: factory is called once
 // per call, so every call gets fresh state (never share one stateful
 // BackOff between goroutines). NextBackOff gives the delay before the next
@@ -243,15 +187,6 @@ func WithRestartGating(maxTTL time.Duration) Option {
 // call).
 func WithRetry(factory func() backoff.BackOff) LockOption {
 	return lockOption(func(l *lockConfig) { l.retry = factory })
-}
-
-// WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
-// numbers that strictly increase across successive holders of a resource,
-// for the protected resource to reject writes that carry an older token. It
-// costs one more quorum round per acquisition (fencing.go). Default off.
-// docs/fencing.md gives the design and its assumptions.
-func WithFencing(on bool) LockOption {
-	return lockOption(func(l *lockConfig) { l.fencing = on })
 }
 
 // WithMetadata stores m beside the lock's owner token in every key of the
@@ -319,65 +254,6 @@ func WithPatientRounds() LockOption {
 // nil: the default text.
 func WithRefusalText(text func(r NodeResult) string) LockOption {
 	return lockOption(func(l *lockConfig) { l.refusalText = text })
-}
-
-// WithOwner makes the lock reentrant for owner (reentrant.go): an
-// acquisition by the same owner of resources that owner already holds
-// succeeds at once (one quorum round) and adds a hold; each Lock's Release
-// removes its own hold, and the keys are deleted when the last hold is
-// released. TTLs are refreshed on reentry and never lowered. With fencing,
-// a re-entry of resources the owner holds keeps the hold's token; one that
-// adds resources is a new hold with a larger token (one token covers all of
-// a lock's resources), which supersedes the older one at the resources they
-// share (docs/fencing.md). Another owner is refused as usual. Go
-// has no goroutine identity: owner is yours to choose (a job ID, a request
-// ID), non-empty and at most MaxOwner bytes; whoever knows it shares the
-// lock. Default: not reentrant.
-func WithOwner(owner string) LockOption {
-	return lockOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
-}
-
-// WithRecord makes the acquisition also write a record of itself under
-// the resource name record, with its own TTL: on each node, in the same
-// script and all or nothing with the lock's keys, a record that another
-// acquisition wrote refuses the round like a held key (checked first; the
-// refused NodeResult's Resource names the record), and otherwise the
-// record is set to this acquisition's value for ttl. A record is never
-// extended or released: it outlives the lock until its TTL ends, so that
-// the acquisition is remembered (the scheduler's tick records). A failed
-// attempt deletes its record with its lock keys. The record obeys the
-// rules of a resource name and of a TTL (restart gate included), must not
-// be one of the lock's resources, and cannot be combined with WithOwner:
-// the call rejects one that breaks a rule (ErrInvalidArgument), and New
-// rejects WithRecord altogether. Default: no record.
-func WithRecord(record string, ttl time.Duration) LockOption {
-	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
-}
-
-// WithHighWater makes the acquisition also raise a high-water mark kept
-// under the resource name record: on each node, in the same script and
-// all or nothing with the lock's keys, a mark at or above at that another
-// acquisition raised refuses the round (checked after a WithRecord record
-// and before the lock's keys; the refused NodeResult's Resource names the
-// record and its HolderMark gives the mark), and otherwise the mark is set
-// to at, with this acquisition's value (its metadata is what a refused
-// round's Holder shows), for ttl from now. The mark before is kept for an
-// undo: a failed attempt puts it back where it raised it. A granted Lock
-// reports the highest mark it replaced (Lock.PreviousMark). A mark is
-// never lowered, extended or deleted by Release; it expires ttl after its
-// last raise. The scheduler keys each job's scheduled times on one.
-//
-// at must be positive; ttl at least 1 ms. ttl is a retention, not a lock
-// TTL: it may exceed the restart gate (WithRestartGating), and a node that
-// restarts empty forgets its marks, so a mark keeps a later acquisition at
-// or below it out only while a quorum of nodes still has it: the caller
-// bounds how late such an acquisition may come by the gate's maxTTL. The
-// record obeys the rules of a resource name, must not be one of the lock's
-// resources or its WithRecord record, and cannot be combined with
-// WithOwner; a call that breaks a rule fails with ErrInvalidArgument, and
-// New rejects WithHighWater altogether. Default: no mark.
-func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
-	return lockOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
 }
 
 // ExtendEvery sets, for Do and Keep, the time from one successful extension

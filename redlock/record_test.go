@@ -23,20 +23,14 @@ func TestRecordOutlivesTheLock(t *testing.T) {
 	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, []string{"run"}, 5*time.Second, redlock.WithRecord("tick:1", 400*time.Millisecond),
 		redlock.WithMetadata("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Extend(ctx, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
+	must(t, l.Extend(ctx, 10*time.Second))
 	for i, s := range cl {
 		if p := s.Client(t).PTTL(ctx, "tick:1").Val(); p <= 0 || p > 400*time.Millisecond {
 			t.Errorf("node %d: record PTTL %v after Extend, want its own TTL (<= 400ms)", i, p)
 		}
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, l.Release(ctx))
 	for i, s := range cl {
 		if n := s.Client(t).Exists(ctx, "tick:1").Val(); n != 1 {
 			t.Errorf("node %d: record gone after Release", i)
@@ -55,9 +49,7 @@ func TestRecordOutlivesTheLock(t *testing.T) {
 	}
 	// Another record passes, and the record expires on its own.
 	l2, err := c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithRecord("tick:2", time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	_ = l2.Release(ctx)
 	time.Sleep(450 * time.Millisecond)
 	if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithRecord("tick:1", time.Second)); err != nil {

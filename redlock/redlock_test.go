@@ -1180,7 +1180,7 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 	}{
 		// SET NX GET (TryAcquire only) is not here: a lost TryAcquire
 		// waits for every answer, the re-sent script's included, before it
-		// queues its undo (roundSpec.settle), so the two never share a
+		// queues its undo (untilSettled, round.go), so the two never share a
 		// pipeline; TestLostTryAcquireSendsNoNeedlessUndo covers the wait.
 		{"NOSCRIPT", true, []redlock.AcquireOption{redlock.WithOwner("o")}}, // a reentrant lock gets the script
 	} {
@@ -1380,6 +1380,26 @@ func (h *busyThenReject) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// target reports whether a is the command to reject: SET of the reject
+// key, or with noscript a script call on it.
+func (h *busyThenReject) target(a []any) bool {
+	if h.noscript {
+		return len(a) > 3 && (a[0] == "evalsha" || a[0] == "eval") && a[3] == h.reject
+	}
+	return a[0] == "set" && a[1] == h.reject
+}
+
+// fake returns the command sent instead of c, which fails as a server
+// that rejects c would, and the step that gives c its reply.
+func (h *busyThenReject) fake(ctx context.Context, c *redis.Cmd) (redis.Cmder, func()) {
+	reply := "return redis.error_reply('ERR syntax error')"
+	if h.noscript {
+		reply = "return redis.error_reply('NOSCRIPT No matching script. Please use EVAL.')"
+	}
+	fake := redis.NewCmd(ctx, "eval", reply, 0)
+	return fake, func() { c.SetVal(fake.Val()); c.SetErr(fake.Err()) }
+}
+
 func (h *busyThenReject) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
@@ -1390,22 +1410,11 @@ func (h *busyThenReject) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		send := slices.Clone(cmds)
 		var after func()
 		for i, cmd := range cmds {
-			a := cmd.Args()
-			target := a[0] == "set" && a[1] == h.reject
-			if h.noscript {
-				target = len(a) > 3 && (a[0] == "evalsha" || a[0] == "eval") && a[3] == h.reject
-			}
-			if !target || !h.rejected.CompareAndSwap(false, true) {
+			if !h.target(cmd.Args()) || !h.rejected.CompareAndSwap(false, true) {
 				continue
 			}
-			reply := "return redis.error_reply('ERR syntax error')"
-			if h.noscript {
-				reply = "return redis.error_reply('NOSCRIPT No matching script. Please use EVAL.')"
-			}
-			switch c := cmd.(type) {
-			case *redis.Cmd:
-				fake := redis.NewCmd(ctx, "eval", reply, 0)
-				send[i], after = fake, func() { c.SetVal(fake.Val()); c.SetErr(fake.Err()) }
+			if c, ok := cmd.(*redis.Cmd); ok {
+				send[i], after = h.fake(ctx, c)
 			}
 			for _, later := range cmds[i+1:] {
 				if slices.Contains(later.Args(), any(h.reject)) {

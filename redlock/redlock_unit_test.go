@@ -156,9 +156,7 @@ func TestMultiResourceIsAllOrNothing(t *testing.T) {
 	c := newClient(t, nodes)
 	ctx := context.Background()
 	held, err := c.TryAcquire(ctx, []string{"b"}, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	_, err = c.TryAcquire(ctx, []string{"a", "b", "c"}, time.Second)
 	var qerr *redlock.QuorumError
 	if !errors.As(err, &qerr) || !errors.Is(err, redlock.ErrNotAcquired) || errors.Is(err, redlock.ErrUnavailable) {
@@ -172,9 +170,7 @@ func TestMultiResourceIsAllOrNothing(t *testing.T) {
 			t.Errorf("node %d: a or c set by a refused multi-resource acquire", i)
 		}
 	}
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, held.Release(ctx))
 	l, err := c.TryAcquire(ctx, []string{"a", "b", "c"}, time.Second)
 	if err != nil {
 		t.Fatalf("TryAcquire(a,b,c) when free = %v", err)
@@ -188,9 +184,7 @@ func TestMultiResourceIsAllOrNothing(t *testing.T) {
 	if granted < c.Quorum() {
 		t.Errorf("%d nodes hold all 3 keys, want at least the quorum %d", granted, c.Quorum())
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, l.Release(ctx))
 	waitSettled(t, c)
 	for i, m := range ms {
 		if got := m.Keys(); len(got) != 0 {
@@ -257,33 +251,45 @@ func TestHolderWithFailedNodes(t *testing.T) {
 		{"--XX", false, false},
 		{"A---", false, false},
 	} {
-		t.Run(tc.nodes, func(t *testing.T) {
-			ms, cs := miniNodes(t, 4)
-			// 500 ms: a down node's call ends at the node timeout.
-			c := newClient(t, cs, redlock.WithNodeTimeout(500*time.Millisecond))
-			ctx := context.Background()
-			if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, redlock.WithMetadata("a")); err != nil {
-				t.Fatal(err)
-			}
-			waitSettled(t, c)
-			for i, state := range tc.nodes {
-				switch state {
-				case '-':
-					ms[i].Del("r")
-				case 'X':
-					ms[i].Close()
-				}
-			}
-			md, held, err := c.HolderMetadata(ctx, "r")
-			switch {
-			case tc.held && (!held || md != "a" || err != nil):
-				t.Errorf("Holder = %q, %v, %v; want a, true, nil", md, held, err)
-			case tc.unknown && (held || !errors.Is(err, redlock.ErrUnavailable)):
-				t.Errorf("Holder = %q, %v, %v; want ErrUnavailable", md, held, err)
-			case !tc.held && !tc.unknown && (held || err != nil):
-				t.Errorf("Holder = %q, %v, %v; want not held, nil", md, held, err)
-			}
-		})
+		t.Run(tc.nodes, func(t *testing.T) { holderWithFailedNodes(t, tc.nodes, tc.held, tc.unknown) })
+	}
+}
+
+// holderWithFailedNodes is one case of TestHolderWithFailedNodes: nodes
+// says what becomes of each node after the lock was granted ('A' keeps
+// it, '-' loses the key, 'X' goes down).
+func holderWithFailedNodes(t *testing.T, nodes string, wantHeld, wantUnknown bool) {
+	ms, cs := miniNodes(t, 4)
+	// 500 ms: a down node's call ends at the node timeout.
+	c := newClient(t, cs, redlock.WithNodeTimeout(500*time.Millisecond))
+	ctx := context.Background()
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Minute, redlock.WithMetadata("a")); err != nil {
+		t.Fatal(err)
+	}
+	waitSettled(t, c)
+	for i, state := range nodes {
+		switch state {
+		case '-':
+			ms[i].Del("r")
+		case 'X':
+			ms[i].Close()
+		}
+	}
+	md, held, err := c.HolderMetadata(ctx, "r")
+	checkHolder(t, md, held, err, wantHeld, wantUnknown)
+}
+
+// checkHolder fails the test unless HolderMetadata's md, held and err
+// say held by "a" (wantHeld), unknown (wantUnknown), or not held.
+func checkHolder(t *testing.T, md string, held bool, err error, wantHeld, wantUnknown bool) {
+	t.Helper()
+	switch {
+	case wantHeld && (!held || md != "a" || err != nil):
+		t.Errorf("Holder = %q, %v, %v; want a, true, nil", md, held, err)
+	case wantUnknown && (held || !errors.Is(err, redlock.ErrUnavailable)):
+		t.Errorf("Holder = %q, %v, %v; want ErrUnavailable", md, held, err)
+	case !wantHeld && !wantUnknown && (held || err != nil):
+		t.Errorf("Holder = %q, %v, %v; want not held, nil", md, held, err)
 	}
 }
 

@@ -1,21 +1,75 @@
 package redlock
 
+import (
+	_ "embed"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
+)
+
 // Reentrancy (WithOwner). Every acquisition of one owner shares an owner
 // token derived from the owner ID (keys.go, newToken), so the acquire
 // script counts the owner's keys as its own, and each acquisition adds its
 // acquisition ID, new for every attempt, as a field of the hash
-// "<key>\x00holds" beside each lock key, in the same script. Release removes
-// its own field and deletes the lock key only when no hold is left; extend
-// and re-entry only raise TTLs, never lower them, since holds share the
-// keys. A retried command never counts twice: its acquisition ID is the
-// same. With fencing, the hash also notes the token of the current hold
-// (field "_t") for re-entries to keep (fencing.go).
+// "<key>\x00holds" beside each lock key, in the same script
+// (scripts/reentrant.lua). Release removes its own field and deletes the
+// lock key only when no hold is left; extend and re-entry only raise
+// TTLs, never lower them, since holds share the keys. A retried command
+// never counts twice: its acquisition ID is the same. With fencing, the
+// hash also notes the token of the current hold (field "_t") for
+// re-entries to keep (fencing.go).
 
-// holdsKeys returns the holds hashes of the lock keys.
-func holdsKeys(lockKeys []string) []string {
-	keys := make([]string, len(lockKeys))
-	for i, k := range lockKeys {
-		keys[i] = k + holdsSuffix
+//go:embed scripts/reentrant.lua
+var reentrantSrc string
+
+var reentrantPart = script.Part{Name: "reentrant", PerKey: 1, Args: 1, Hooks: script.Parse(reentrantSrc)}
+
+// reentrant is the layer of a Lock with an owner.
+type reentrant struct {
+	baseLayer
+	token string // the owner's token
+}
+
+func newReentrant(_ *Client, cfg *lockConfig, _ []string, _ bool) (layer, error) {
+	if cfg.owner == "" {
+		return nil, nil
 	}
-	return keys
+	return &reentrant{token: newToken(cfg.owner)}, nil
+}
+
+func (*reentrant) part() script.Part { return reentrantPart }
+
+// keys returns the holds hashes.
+func (*reentrant) keys(lockKeys []string) []string { return perKey(lockKeys, holdsSuffix) }
+
+// args passes the acquisition ID.
+func (*reentrant) args(_ scriptKind, a *attempt) []any { return []any{a.aid} }
+
+// begin gives the attempt the owner's token and a new acquisition ID.
+func (r *reentrant) begin(a *attempt) { a.token, a.aid = r.token, newAcquisitionID() }
+
+// WithOwner makes the lock reentrant for owner (reentrant.go): an
+// acquisition by the same owner of resources that owner already holds
+// succeeds at once (one quorum round) and adds a hold; each Lock's Release
+// removes its own hold, and the keys are deleted when the last hold is
+// released. TTLs are refreshed on reentry and never lowered. With fencing,
+// a re-entry of resources the owner holds keeps the hold's token; one that
+// adds resources is a new hold with a larger token (one token covers all of
+// a lock's resources), which supersedes the older one at the resources they
+// share (docs/fencing.md). Another owner is refused as usual. Go
+// has no goroutine identity: owner is yours to choose (a job ID, a request
+// ID), non-empty and at most MaxOwner bytes; whoever knows it shares the
+// lock. Default: not reentrant.
+func WithOwner(owner string) LockOption {
+	return lockOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
+}
+
+// checkOwner validates WithOwner.
+func checkOwner(cfg *lockConfig) error {
+	switch {
+	case cfg.ownerSet && cfg.owner == "":
+		return invalidf("owner ID (WithOwner) is empty")
+	case len(cfg.owner) > MaxOwner:
+		return invalidf("owner ID (WithOwner) is %d bytes, more than the maximum %d", len(cfg.owner), MaxOwner)
+	}
+	return nil
 }

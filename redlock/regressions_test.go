@@ -591,9 +591,7 @@ func TestKeepFollowsAShorteningExtend(t *testing.T) {
 				return
 			}
 			l, err := a.Acquire(ctx, []string{"r"}, 6*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			kctx, stop := l.Keep(ctx)
 			if err := work(kctx); err != nil {
 				t.Error(err)

@@ -15,40 +15,75 @@ import (
 	"github.com/schedlock/schedlock/redlock/internal/node"
 )
 
-// roundSpec describes one quorum round: the same command on every node.
-type roundSpec struct {
+// A round is a broadcast and a decision: one call goes to every node at
+// once (broadcast), and decide says, from the answers so far alone, when
+// the outcome is known. The round kinds below differ only in the rule of
+// decide they use and in how long their calls live; each is one function.
+//
+//   - vote: fence, check, note, eval, extend (voteUntil: never after the
+//     lock's validity): decided at a quorum of OK answers, or once so many
+//     others came that a quorum is impossible.
+//   - read: HolderMetadata, Holders: every node's answer.
+//   - release and undo: cleanups (below), decided as a vote; an undo is
+//     not waited for at all.
+//   - acquire (acquire.go, acquireSpec): a vote that may settle (wait
+//     for the answers due once a quorum is impossible) and may count the
+//     nodes that are down as failed.
+
+// call is what a round sends to every node, and how to read a reply.
+type call struct {
 	op      string        // names the round in errors and telemetry
-	attempt int           // acquire rounds: 1-based, for telemetry
-	ttl     time.Duration // acquire rounds: for the validity attribute
 	timeout time.Duration // the node timeout, if not the Client's (WithNodeTimeout given to the call)
 	script  *node.Script  // nil: args is a plain command
 	keys    []string      // the script's keys, or those args names
 	args    []any         // the script's arguments, or a plain command
-	// setGet, when set, goes instead of the script to the nodes that take
-	// SET NX GET (TryAcquire of a plain lock); parseSet reads its replies.
-	setGet   []any
-	parseSet func(*redis.Cmd) NodeResult
 	// parse reads a reply that is not an error (redis.Nil included). A
 	// reply outside the command's contract (one Redis never sends, such
 	// as nil from a script that always returns a value) is OutcomeError
 	// (badReply), never a grant.
 	parse func(*redis.Cmd) NodeResult
-	// skip marks nodes not called, counted as OutcomeOK.
-	skip []bool
-	// waitAll waits for every answer instead of deciding as soon as the
-	// outcome is known.
-	waitAll bool
-	// settle, once a quorum is impossible, still waits for the answers
-	// due (up to the node timeout), so that the undo of a lost acquire
-	// goes only to the nodes that may have granted, not to every node that
-	// had not answered yet (TryAcquire: its caller gives up anyway).
-	settle bool
-	// skipDown counts the nodes that are down (peer.down) as failed until
-	// they answer, so that an acquire round does not wait for them.
-	skipDown bool
-	// deadline, if earlier than the node timeout, ends the round and drops
-	// its calls not sent by then (extend: never after Until).
-	deadline time.Time
+}
+
+// waitRule says when a round's outcome is known (decide).
+type waitRule uint8
+
+const (
+	// untilKnown: a quorum of OK answers, or so many others (and nodes
+	// counted as down) that a quorum is impossible.
+	untilKnown waitRule = iota
+	// untilSettled: a quorum of OK answers, or every answer: a lost
+	// acquire still waits for the answers due (up to the node timeout),
+	// so that its undo goes only to the nodes that may have granted.
+	untilSettled
+	// untilAll: every answer.
+	untilAll
+)
+
+// tally is what a round has heard so far.
+type tally struct {
+	nodes, quorum int
+	ok, bad       int // answers for and against a quorum
+	down          int // nodes counted as failed that have not answered (skipDown)
+}
+
+// decide reports whether the outcome of a round with tally t is known
+// under rule w. It is a pure function of its arguments.
+func decide(t tally, w waitRule) bool {
+	all := t.ok+t.bad == t.nodes
+	switch w {
+	case untilAll:
+		return all
+	case untilSettled:
+		return all || t.ok >= t.quorum
+	}
+	return all || t.ok >= t.quorum || t.bad+t.down > t.nodes-t.quorum
+}
+
+// broadcast is one round's call with its kind's rules; the round kinds
+// fill it (vote, read, release, undo, acquireRound).
+type broadcast struct {
+	call
+	wait waitRule
 	// cleanup (release, undo): the calls ignore the caller's cancellation
 	// (they clean up also for a caller that gave up) and are never
 	// dropped: each goes out when its node's sender gets to it, however
@@ -60,8 +95,57 @@ type roundSpec struct {
 	// node's later calls no longer than an acquire does. The round still
 	// waits at most the node timeout.
 	cleanup bool
-	// async returns at once, without results (undo).
-	async bool
+	async   bool   // return at once, without results (undo)
+	skip    []bool // nodes not called, counted as OutcomeOK
+	// skipDown counts the nodes that are down (peer.down) as failed until
+	// they answer, so that an acquire round does not wait for them.
+	skipDown bool
+	// deadline, if earlier than the node timeout, ends the round and drops
+	// its calls not sent by then (extend: never after Until).
+	deadline time.Time
+	// plain, when set, goes instead of the script to the nodes that take
+	// SET NX GET (TryAcquire of a plain lock).
+	plain   *call
+	attempt int           // acquire: 1-based, for telemetry
+	ttl     time.Duration // acquire: for the validity attribute
+}
+
+// vote runs k on every node and returns once the outcome is known.
+func (c *Client) vote(ctx context.Context, k call) []NodeResult {
+	return c.round(ctx, broadcast{call: k})
+}
+
+// voteUntil is vote, ended at deadline if that comes before the node
+// timeout; calls not sent by then are dropped.
+func (c *Client) voteUntil(ctx context.Context, k call, deadline time.Time) []NodeResult {
+	return c.round(ctx, broadcast{call: k, deadline: deadline})
+}
+
+// read runs k on every node and waits for every answer.
+func (c *Client) read(ctx context.Context, k call) []NodeResult {
+	return c.round(ctx, broadcast{call: k, wait: untilAll})
+}
+
+// release runs the cleanup k on every node not in skip and returns once
+// the outcome is known (broadcast.cleanup).
+func (c *Client) release(ctx context.Context, k call, skip []bool) []NodeResult {
+	return c.round(ctx, broadcast{call: k, cleanup: true, skip: skip})
+}
+
+// undo queues the cleanup k for every node not in skip, and returns at
+// once. On each node the undo runs after every call queued there before
+// it (node.Node sends a node's calls in queue order, a batch only once
+// the one before was answered or its context ended, and a cleanup has no
+// deadline of its own, so it is never dropped): queued after an acquire,
+// it deletes that acquire's grant even when the grant comes after the
+// round was decided, and it runs before a later acquire of the same
+// Client on that node. The one exception: a node frozen for longer than
+// go-redis's read timeout loses its connection, and an acquire it runs
+// after it wakes may run after the undo, which went on a new connection;
+// its key then waits for its TTL (liveness only: nobody holds that
+// value; docs/design.md, "Late grants").
+func (c *Client) undo(ctx context.Context, k call, skip []bool) {
+	c.round(ctx, broadcast{call: k, cleanup: true, async: true, skip: skip})
 }
 
 // roundState is one round in progress.
@@ -71,9 +155,9 @@ type roundState struct {
 	ctx     context.Context // the caller's, with the round's span
 	callCtx context.Context // the calls': deadline, detached or not
 	cancel  context.CancelFunc
-	spec    roundSpec
+	b       broadcast
 	start   time.Time
-	end     time.Time // when the round stops waiting: the node timeout, or spec.deadline
+	end     time.Time // when the round stops waiting: the node timeout, or b.deadline
 	span    trace.Span
 
 	mu       sync.Mutex
@@ -81,8 +165,7 @@ type roundState struct {
 	counted  []bool // nodes counted as failed until they answer (skipDown)
 	calls    int    // calls sent
 	answered int    // calls answered
-	ok, bad  int    // answers for and against a quorum
-	down     int    // counted nodes that have not answered
+	t        tally
 	decided  bool
 	done     chan struct{} // closed once decided
 }
@@ -95,38 +178,38 @@ type roundState struct {
 // decided without it), or OutcomeTimeout: the node timeout passed (the node
 // is down until it answers again), or ctx cut the call short (not a
 // failure of the node).
-func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
-	rs := &roundState{c: c, spec: spec, start: time.Now(), results: make([]NodeResult, len(c.peers)),
-		done: make(chan struct{})}
-	rs.ctx, rs.span = c.tel.startRound(ctx, spec.op, spec.attempt, len(c.peers), c.quorum)
+func (c *Client) round(ctx context.Context, b broadcast) []NodeResult {
+	rs := &roundState{c: c, b: b, start: time.Now(), results: make([]NodeResult, len(c.peers)),
+		t: tally{nodes: len(c.peers), quorum: c.quorum}, done: make(chan struct{})}
+	rs.ctx, rs.span = c.tel.startRound(ctx, b.op, b.attempt, len(c.peers), c.quorum)
 	end := rs.start.Add(rs.nodeTimeout())
-	if !spec.deadline.IsZero() && spec.deadline.Before(end) {
-		end = spec.deadline
+	if !b.deadline.IsZero() && b.deadline.Before(end) {
+		end = b.deadline
 	}
 	rs.end = end
-	if spec.cleanup {
+	if b.cleanup {
 		rs.callCtx, rs.cancel = context.WithCancel(context.WithoutCancel(rs.ctx))
 	} else {
 		rs.callCtx, rs.cancel = context.WithDeadline(rs.ctx, end)
 	}
-	rs.cmd = spec.args
-	if spec.script != nil {
-		rs.cmd = spec.script.Command(spec.keys, spec.args...) // once, for every node
+	rs.cmd = b.args
+	if b.script != nil {
+		rs.cmd = b.script.Command(b.keys, b.args...) // once, for every node
 	}
 	rs.sendAll()
-	if spec.async {
+	if b.async {
 		return nil
 	}
 	// The calls' context ends at the node timeout (or the caller's end),
 	// except for a cleanup's: then a timer does.
 	stop, timeout := rs.callCtx.Done(), (<-chan time.Time)(nil)
-	if spec.cleanup {
+	if b.cleanup {
 		timer := time.NewTimer(time.Until(end))
 		defer timer.Stop()
 		stop, timeout = nil, timer.C
 	}
 	var callerDone <-chan struct{}
-	if !spec.cleanup {
+	if !b.cleanup {
 		callerDone = ctx.Done()
 	}
 	select {
@@ -140,8 +223,8 @@ func (c *Client) round(ctx context.Context, spec roundSpec) []NodeResult {
 
 // nodeTimeout returns how long the round waits for each node.
 func (rs *roundState) nodeTimeout() time.Duration {
-	if rs.spec.timeout > 0 {
-		return rs.spec.timeout
+	if rs.b.timeout > 0 {
+		return rs.b.timeout
 	}
 	return rs.c.cfg.nodeTimeout
 }
@@ -150,22 +233,22 @@ func (rs *roundState) nodeTimeout() time.Duration {
 func (rs *roundState) sendAll() {
 	for i, p := range rs.c.peers {
 		rs.results[i] = NodeResult{Node: i, Addr: p.addr, Outcome: -1}
-		if i < len(rs.spec.skip) && rs.spec.skip[i] {
+		if i < len(rs.b.skip) && rs.b.skip[i] {
 			rs.results[i].Outcome = OutcomeOK
-			rs.ok++
+			rs.t.ok++
 			continue
 		}
 		rs.calls++
-		if rs.spec.skipDown && p.down.Load() {
+		if rs.b.skipDown && p.down.Load() {
 			if rs.counted == nil {
 				rs.counted = make([]bool, len(rs.c.peers))
 			}
 			rs.counted[i] = true
-			rs.down++
+			rs.t.down++
 		}
 	}
 	rs.mu.Lock()
-	rs.decide()
+	rs.decideLocked()
 	rs.mu.Unlock()
 	if rs.calls == 0 {
 		rs.ended()
@@ -175,7 +258,7 @@ func (rs *roundState) sendAll() {
 		if rs.results[i].Outcome >= 0 {
 			continue
 		}
-		if err := rs.send(&calls[i], p, rs.spec.setGet != nil && !p.noSetGet.Load()); err != nil {
+		if err := rs.send(&calls[i], p, rs.b.plain != nil && !p.noSetGet.Load()); err != nil {
 			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed, canceled: true})
 		}
 	}
@@ -186,23 +269,23 @@ type nodeCall struct {
 	node.Call
 	rs    *roundState
 	p     *peer
-	plain bool       // spec.setGet rather than the script
+	plain bool       // b.plain rather than the script
 	span  trace.Span // WithNodeSpans, or nil
 }
 
 // send queues the round's call for p, in its slot of calls; plain sends
-// spec.setGet instead of the script. It fails only after Close.
+// b.plain instead of the script. It fails only after Close.
 func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
-	spec := rs.spec
-	*nc = nodeCall{Call: node.Call{Script: spec.script, Keys: spec.keys, Args: rs.cmd, Reorderable: spec.cleanup,
+	b := rs.b
+	*nc = nodeCall{Call: node.Call{Script: b.script, Keys: b.keys, Args: rs.cmd, Reorderable: b.cleanup,
 		Done: reply}, rs: rs, p: p, plain: plain}
-	if spec.cleanup {
+	if b.cleanup {
 		nc.Wait = rs.nodeTimeout()
 	}
 	if plain {
-		nc.Script, nc.Args = nil, spec.setGet
+		nc.Script, nc.Args = nil, b.plain.args
 	}
-	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, spec.op)
+	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op)
 	nc.Owner = nc
 	return p.tx.Send(&nc.Call)
 }
@@ -234,34 +317,17 @@ func (rs *roundState) resend(nc *nodeCall) bool {
 }
 
 // classify turns p's reply into its NodeResult; plain says that the call
-// was spec.setGet.
+// was b.plain.
 func (rs *roundState) classify(p *peer, cmd *redis.Cmd, plain bool) NodeResult {
 	err := cmd.Err()
-	cut := !rs.spec.cleanup && rs.ctx.Err() != nil // the caller gave up
 	var r NodeResult
 	switch {
-	case (err == nil || err == redis.Nil) && plain:
-		r = rs.spec.parseSet(cmd)
-	case err == nil || err == redis.Nil:
-		r = rs.spec.parse(cmd)
-	case errors.Is(err, node.ErrClosed): // Close gave up on the queued call: not the node's failure
-		r = NodeResult{Outcome: OutcomeError, Err: ErrClosed, canceled: true}
-	case cut && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-		r = NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
-	case isTimeout(err):
-		r = NodeResult{Outcome: OutcomeTimeout, Err: rs.timedOut(err)}
-		na, ok := r.Err.(*noAnswerError)
-		if !ok && errors.Is(err, context.DeadlineExceeded) { // the call's own limit (a cleanup's Wait)
-			na, ok = &noAnswerError{msg: fmt.Sprintf("no answer within the %v node timeout", rs.nodeTimeout()), err: err}, true
-		}
-		if ok {
-			r.Err = explain(p, na)
-		}
-		if rs.waitedNodeTimeout() {
-			p.down.Store(true)
-		}
+	case err != nil && err != redis.Nil:
+		r = rs.failure(p, err)
+	case plain:
+		r = rs.b.plain.parse(cmd)
 	default:
-		r = NodeResult{Outcome: OutcomeError, Err: nodeError(err)}
+		r = rs.b.parse(cmd)
 	}
 	if err == nil || node.IsReply(err) {
 		p.down.Store(false) // the node answered
@@ -269,6 +335,39 @@ func (rs *roundState) classify(p *peer, cmd *redis.Cmd, plain bool) NodeResult {
 	r.Node, r.Addr, r.Latency = p.idx, p.addr, time.Since(rs.start)
 	if !r.canceled && (r.Outcome != OutcomeTimeout || rs.waitedNodeTimeout()) {
 		rs.c.observe(p, r) // what the node did, for its failure's log lines
+	}
+	return r
+}
+
+// failure returns the result of a call to p that ended with err, not a
+// reply: Close gave up on it, the caller's ctx cut it short (neither is
+// the node's failure), no answer came in time, or an error reply.
+func (rs *roundState) failure(p *peer, err error) NodeResult {
+	cut := !rs.b.cleanup && rs.ctx.Err() != nil // the caller gave up
+	switch {
+	case errors.Is(err, node.ErrClosed):
+		return NodeResult{Outcome: OutcomeError, Err: ErrClosed, canceled: true}
+	case cut && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		return NodeResult{Outcome: OutcomeTimeout, Err: err, canceled: true}
+	case isTimeout(err):
+		return rs.noAnswer(p, err)
+	}
+	return NodeResult{Outcome: OutcomeError, Err: nodeError(err)}
+}
+
+// noAnswer returns the result of a call to p that timed out with err,
+// and marks p down when the round waited the full node timeout.
+func (rs *roundState) noAnswer(p *peer, err error) NodeResult {
+	r := NodeResult{Outcome: OutcomeTimeout, Err: rs.timedOut(err)}
+	na, ok := r.Err.(*noAnswerError)
+	if !ok && errors.Is(err, context.DeadlineExceeded) { // the call's own limit (a cleanup's Wait)
+		na, ok = &noAnswerError{msg: fmt.Sprintf("no answer within the %v node timeout", rs.nodeTimeout()), err: err}, true
+	}
+	if ok {
+		r.Err = explain(p, na)
+	}
+	if rs.waitedNodeTimeout() {
+		p.down.Store(true)
 	}
 	return r
 }
@@ -281,14 +380,14 @@ func (rs *roundState) answer(p *peer, r NodeResult) {
 	if !rs.decided {
 		rs.results[p.idx] = r
 		if rs.counted != nil && rs.counted[p.idx] {
-			rs.down--
+			rs.t.down--
 		}
 		if r.Outcome == OutcomeOK {
-			rs.ok++
+			rs.t.ok++
 		} else {
-			rs.bad++
+			rs.t.bad++
 		}
-		rs.decide()
+		rs.decideLocked()
 	}
 	rs.mu.Unlock()
 	if last {
@@ -299,17 +398,14 @@ func (rs *roundState) answer(p *peer, r NodeResult) {
 // ended runs once every call has been answered.
 func (rs *roundState) ended() {
 	rs.cancel()
-	if rs.spec.async {
+	if rs.b.async {
 		rs.finish()
 	}
 }
 
-// decide closes done once the outcome is known. rs.mu is held.
-func (rs *roundState) decide() {
-	n, q := len(rs.results), rs.c.quorum
-	lost := rs.bad+rs.down > n-q && !rs.spec.settle
-	known := rs.ok+rs.bad == n || (!rs.spec.waitAll && (rs.ok >= q || lost))
-	if known && !rs.decided {
+// decideLocked closes done once the outcome is known. rs.mu is held.
+func (rs *roundState) decideLocked() {
+	if !rs.decided && decide(rs.t, rs.b.wait) {
 		rs.decided = true
 		close(rs.done)
 	}
@@ -323,7 +419,7 @@ func (rs *roundState) finish() []NodeResult {
 	var cause error
 	switch {
 	case rs.decided:
-	case !rs.spec.cleanup && rs.ctx.Err() != nil:
+	case !rs.b.cleanup && rs.ctx.Err() != nil:
 		missing, cut, cause = OutcomeTimeout, true, context.Cause(rs.ctx)
 	default:
 		missing, cause = OutcomeTimeout, &noAnswerError{msg: rs.limitText()}
@@ -350,7 +446,7 @@ func (rs *roundState) finish() []NodeResult {
 			}
 		}
 	}
-	rs.c.tel.endRound(rs.ctx, rs.span, rs.spec, results, time.Since(rs.start), rs.c)
+	rs.c.tel.endRound(rs.ctx, rs.span, rs.b, results, time.Since(rs.start), rs.c)
 	return results
 }
 
@@ -378,7 +474,7 @@ func (e *noAnswerError) Unwrap() error { return e.err }
 
 // limitText says which limit a call without an answer missed.
 func (rs *roundState) limitText() string {
-	if d := rs.spec.deadline; !d.IsZero() && d.Before(rs.start.Add(rs.nodeTimeout())) {
+	if d := rs.b.deadline; !d.IsZero() && d.Before(rs.start.Add(rs.nodeTimeout())) {
 		return "no answer before the lock's validity ended"
 	}
 	return fmt.Sprintf("no answer within the %v node timeout", rs.nodeTimeout())

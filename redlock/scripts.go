@@ -6,10 +6,12 @@ import (
 	"github.com/schedlock/schedlock/redlock/internal/node"
 )
 
-// The Lua scripts, one per operation; each file's header states its
-// contract (keys, arguments, reply). They go out as EVALSHA once a node
-// knows them, else as EVAL (internal/node). Ownership is the owner
-// token, the first 32 bytes of a lock value (keys.go).
+// The Lua scripts; each file's header states its contract (keys,
+// arguments, reply). acquire.lua, extend.lua and release.lua are the
+// core's templates, which the layers' fragments complete (layer.go); the
+// others are whole scripts. They go out as EVALSHA once a node knows
+// them, else as EVAL (internal/node). Ownership is the owner token, the
+// first 32 bytes of a lock value (keys.go).
 var (
 	//go:embed scripts/acquire.lua
 	acquireSrc string
@@ -28,12 +30,9 @@ var (
 	//go:embed scripts/holders.lua
 	holdersSrc string
 
-	acquireScript = node.NewScript(acquireSrc)
 	fenceScript   = node.NewScript(fenceSrc)
 	noteScript    = node.NewScript(noteSrc)
 	checkScript   = node.NewScript(checkSrc)
-	extendScript  = node.NewScript(extendSrc)
-	releaseScript = node.NewScript(releaseSrc)
 	abandonScript = node.NewScript(abandonSrc)
 	holdersScript = node.NewScript(holdersSrc)
 )

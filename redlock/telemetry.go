@@ -235,7 +235,7 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 }
 
 // endRound records a round's outcome and metrics and ends its span.
-func (t *telemetry) endRound(ctx context.Context, span trace.Span, spec roundSpec, rs []NodeResult, took time.Duration, c *Client) {
+func (t *telemetry) endRound(ctx context.Context, span trace.Span, spec broadcast, rs []NodeResult, took time.Duration, c *Client) {
 	outcome := roundOutcome(spec.op, rs, c.quorum)
 	if spec.op == "acquire" && outcome == tracing.OutcomeGranted {
 		v := c.validity(time.Now().Add(-took), spec.ttl)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,35 +45,15 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 	// The holder acquires inside its job's span.
 	jobCtx, job := tp.Tracer("test").Start(ctx, "holder-job")
 	held, err := holder.Acquire(jobCtx, []string{"report"}, 2*time.Second, redlock.WithMetadata("instance-a"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	time.AfterFunc(150*time.Millisecond, func() { _ = held.Release(jobCtx); job.End() })
 	l, err := waiter.Acquire(ctx, []string{"report"}, 2*time.Second, redlock.WithRetry(fastRetry))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	ownerToken := rawValue(t, cl, "report")[:32]
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, l.Release(ctx))
 
 	spans := rec.Ended()
-	var holderAcquire, waiterAcquire sdktrace.ReadOnlySpan
-	for _, s := range spans {
-		if s.Name() == tracing.SpanAcquire {
-			if s.Parent().SpanID() == job.SpanContext().SpanID() {
-				holderAcquire = s
-			} else {
-				waiterAcquire = s
-			}
-		}
-		for _, kv := range s.Attributes() {
-			if strings.Contains(kv.Value.String(), ownerToken) {
-				t.Errorf("span %s attribute %s holds the lock's owner token", s.Name(), kv.Key)
-			}
-		}
-	}
+	holderAcquire, waiterAcquire := acquireSpans(t, spans, job, ownerToken)
 	if holderAcquire == nil || waiterAcquire == nil {
 		t.Fatalf("Acquire spans: holder %v, waiter %v", holderAcquire, waiterAcquire)
 	}
@@ -81,57 +62,8 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 	}
 	// Contention is not an error anywhere in the waiter's trace, also not
 	// in the rounds that undo its refused attempts (found with Jaeger).
-	for _, s := range spans {
-		if s.SpanContext().TraceID() == waiterAcquire.SpanContext().TraceID() && s.Status().Code == codes.Error {
-			t.Errorf("span %s (op %s) in the waiter's trace has status Error: %v", s.Name(), attrs(s)[tracing.RoundOp].AsString(), s.Status())
-		}
-	}
-	var contended, granted, waits int
-	for _, s := range spans {
-		if s.Parent().SpanID() != waiterAcquire.SpanContext().SpanID() {
-			continue
-		}
-		a := attrs(s)
-		if strings.HasPrefix(s.Name(), tracing.SpanWait) {
-			waits++
-			checkWaitSpan(t, s, holderAcquire, "instance-a")
-			continue
-		}
-		if a[tracing.RoundOp].AsString() != "acquire" {
-			continue
-		}
-		if want := tracing.RoundSpanName("acquire", a[tracing.Outcome].AsString()); s.Name() != want {
-			t.Errorf("round span name %q, want %q", s.Name(), want)
-		}
-		if a[tracing.Nodes].AsInt64() != 3 || a[tracing.Quorum].AsInt64() != 2 || len(a[tracing.NodeOutcomes].AsStringSlice()) != 3 {
-			t.Errorf("round attributes = %v", s.Attributes())
-		}
-		switch a[tracing.Outcome].AsString() {
-		case tracing.OutcomeContended:
-			contended++
-			if s.Status().Code != codes.Unset {
-				t.Errorf("contended round status = %v, want unset", s.Status())
-			}
-			if a[tracing.VotesHeld].AsInt64() < 1 || a[tracing.Holder].AsString() != "instance-a" {
-				t.Errorf("contended round: held votes %d, holder %q", a[tracing.VotesHeld].AsInt64(), a[tracing.Holder].AsString())
-			}
-			linked := false
-			for _, link := range s.Links() {
-				if link.SpanContext.SpanID() == holderAcquire.SpanContext().SpanID() &&
-					link.SpanContext.TraceID() == job.SpanContext().TraceID() {
-					linked = true
-				}
-			}
-			if !linked {
-				t.Errorf("contended round has no link to the holder's Acquire span (links %v)", s.Links())
-			}
-		case tracing.OutcomeGranted:
-			granted++
-			if v := a[tracing.ValidityMillis].AsFloat64(); v < 1000 || v > 2000 {
-				t.Errorf("granted round validity_ms = %v, want about 2000 - drift", v)
-			}
-		}
-	}
+	checkNoErrorInTrace(t, spans, waiterAcquire)
+	contended, granted, waits := waiterRounds(t, spans, waiterAcquire, holderAcquire, job)
 	if contended == 0 || granted != 1 {
 		t.Errorf("waiter rounds: %d contended, %d granted; want several and 1", contended, granted)
 	}
@@ -142,10 +74,113 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 		t.Errorf("attempts attribute = %d, want %d", got, contended+1)
 	}
 
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
+	got := metricTotals(t, reader)
+	if got[tracing.MetricContention] != int64(contended) || got[tracing.MetricHeld] != 0 ||
+		got[tracing.MetricAcquireDuration] != 2 || got[tracing.MetricHoldDuration] != 2 {
+		t.Errorf("metrics = %v; want contention %d, held 0, 2 acquisitions, 2 holds", got, contended)
 	}
+}
+
+// acquireSpans returns the Acquire spans of the holder (a child of job)
+// and of the waiter, and fails the test for a span attribute that holds
+// the owner token.
+func acquireSpans(t *testing.T, spans []sdktrace.ReadOnlySpan, job trace.Span, ownerToken string) (holder, waiter sdktrace.ReadOnlySpan) {
+	t.Helper()
+	for _, s := range spans {
+		if s.Name() == tracing.SpanAcquire {
+			if s.Parent().SpanID() == job.SpanContext().SpanID() {
+				holder = s
+			} else {
+				waiter = s
+			}
+		}
+		for _, kv := range s.Attributes() {
+			if strings.Contains(kv.Value.String(), ownerToken) {
+				t.Errorf("span %s attribute %s holds the lock's owner token", s.Name(), kv.Key)
+			}
+		}
+	}
+	return holder, waiter
+}
+
+// checkNoErrorInTrace fails the test for a span of root's trace with
+// status Error.
+func checkNoErrorInTrace(t *testing.T, spans []sdktrace.ReadOnlySpan, root sdktrace.ReadOnlySpan) {
+	t.Helper()
+	for _, s := range spans {
+		if s.SpanContext().TraceID() == root.SpanContext().TraceID() && s.Status().Code == codes.Error {
+			t.Errorf("span %s (op %s) in the waiter's trace has status Error: %v", s.Name(), attrs(s)[tracing.RoundOp].AsString(), s.Status())
+		}
+	}
+}
+
+// waiterRounds counts the contended and granted acquire rounds and the
+// wait spans under the waiter's Acquire span, checking each.
+func waiterRounds(t *testing.T, spans []sdktrace.ReadOnlySpan, waiter, holder sdktrace.ReadOnlySpan, job trace.Span) (contended, granted, waits int) {
+	t.Helper()
+	for _, s := range spans {
+		if s.Parent().SpanID() != waiter.SpanContext().SpanID() {
+			continue
+		}
+		a := attrs(s)
+		switch {
+		case strings.HasPrefix(s.Name(), tracing.SpanWait):
+			waits++
+			checkWaitSpan(t, s, holder, "instance-a")
+			continue
+		case a[tracing.RoundOp].AsString() != "acquire":
+			continue
+		}
+		checkAcquireRound(t, s, holder, job)
+		switch a[tracing.Outcome].AsString() {
+		case tracing.OutcomeContended:
+			contended++
+		case tracing.OutcomeGranted:
+			granted++
+		}
+	}
+	return contended, granted, waits
+}
+
+// checkAcquireRound checks an acquire round span of the waiter: its name
+// and attributes, and, contended, its holder and link to the holder's
+// Acquire span (a child of job), or, granted, its validity.
+func checkAcquireRound(t *testing.T, s, holder sdktrace.ReadOnlySpan, job trace.Span) {
+	t.Helper()
+	a := attrs(s)
+	if want := tracing.RoundSpanName("acquire", a[tracing.Outcome].AsString()); s.Name() != want {
+		t.Errorf("round span name %q, want %q", s.Name(), want)
+	}
+	if a[tracing.Nodes].AsInt64() != 3 || a[tracing.Quorum].AsInt64() != 2 || len(a[tracing.NodeOutcomes].AsStringSlice()) != 3 {
+		t.Errorf("round attributes = %v", s.Attributes())
+	}
+	switch a[tracing.Outcome].AsString() {
+	case tracing.OutcomeContended:
+		if s.Status().Code != codes.Unset {
+			t.Errorf("contended round status = %v, want unset", s.Status())
+		}
+		if a[tracing.VotesHeld].AsInt64() < 1 || a[tracing.Holder].AsString() != "instance-a" {
+			t.Errorf("contended round: held votes %d, holder %q", a[tracing.VotesHeld].AsInt64(), a[tracing.Holder].AsString())
+		}
+		linked := slices.ContainsFunc(s.Links(), func(link sdktrace.Link) bool {
+			return link.SpanContext.SpanID() == holder.SpanContext().SpanID() && link.SpanContext.TraceID() == job.SpanContext().TraceID()
+		})
+		if !linked {
+			t.Errorf("contended round has no link to the holder's Acquire span (links %v)", s.Links())
+		}
+	case tracing.OutcomeGranted:
+		if v := a[tracing.ValidityMillis].AsFloat64(); v < 1000 || v > 2000 {
+			t.Errorf("granted round validity_ms = %v, want about 2000 - drift", v)
+		}
+	}
+}
+
+// metricTotals returns what reader collected: each counter's sum and each
+// histogram's count, by metric name.
+func metricTotals(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	must(t, reader.Collect(context.Background(), &rm))
 	got := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
@@ -161,10 +196,7 @@ func TestSpansOfAContendedAcquisition(t *testing.T) {
 			}
 		}
 	}
-	if got[tracing.MetricContention] != int64(contended) || got[tracing.MetricHeld] != 0 ||
-		got[tracing.MetricAcquireDuration] != 2 || got[tracing.MetricHoldDuration] != 2 {
-		t.Errorf("metrics = %v; want contention %d, held 0, 2 acquisitions, 2 holds", got, contended)
-	}
+	return got
 }
 
 // checkWaitSpan checks a wait span of a contended Acquire: named for what
@@ -230,9 +262,7 @@ func TestWaitSpanSaysWhatEndedIt(t *testing.T) {
 
 	// Released while the waiter waits a minute: the notice ends the wait.
 	held, err := holder.Acquire(ctx, []string{"notice"}, 30*time.Second, redlock.WithMetadata("billing/vm-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	wctx, parent := tp.Tracer("test").Start(ctx, "waiter")
 	got := make(chan error, 1)
 	go func() {
@@ -244,9 +274,7 @@ func TestWaitSpanSaysWhatEndedIt(t *testing.T) {
 	}()
 	nodes := cl.Clients(t)
 	waitFor(t, "the waiter's subscriptions", func() bool { return allAtLeast(subscribers(t, nodes, "notice:released"), 1) })
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, held.Release(ctx))
 	if err := <-got; err != nil {
 		t.Fatalf("waiter: %v", err)
 	}
@@ -296,9 +324,7 @@ func TestKeepExtensionsAreTracesOfTheirOwn(t *testing.T) {
 		waitFor(t, "two extensions", func() bool { return len(extensions()) >= 2 })
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	var do sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
 		if s.Name() == tracing.SpanDo {
@@ -465,11 +491,31 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 		t.Fatalf("TryAcquire = %v", err)
 	}
 	waitSettled(t, c) // the undo's calls and spans too
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
+	nodeErrors := nodeErrorsByPort(t, reader)
+	if len(nodeErrors) != 2 {
+		t.Errorf("%s by port = %v, want the two killed nodes", tracing.MetricNodeErrors, nodeErrors)
 	}
-	nodeErrors := map[string]int64{} // by server.port
+	op, round, nodeSpans := failedRoundSpans(t, rec.Ended())
+	for name, s := range map[string]sdktrace.ReadOnlySpan{"op": op, "round": round} {
+		if s == nil {
+			t.Fatalf("no %s span", name)
+		}
+		if s.Status().Code != codes.Error || attrs(s)["error.type"].AsString() != tracing.ErrorTypeUnavailable {
+			t.Errorf("%s span status %v, error.type %q; want Error, %s", name, s.Status(), attrs(s)["error.type"].AsString(), tracing.ErrorTypeUnavailable)
+		}
+	}
+	if nodeSpans < 3 {
+		t.Errorf("%d node spans, want one per node per round", nodeSpans)
+	}
+}
+
+// nodeErrorsByPort returns the node error counts that reader collected,
+// by server.port.
+func nodeErrorsByPort(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	must(t, reader.Collect(context.Background(), &rm))
+	nodeErrors := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == tracing.MetricNodeErrors {
@@ -480,12 +526,16 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 			}
 		}
 	}
-	if len(nodeErrors) != 2 {
-		t.Errorf("%s by port = %v, want the two killed nodes", tracing.MetricNodeErrors, nodeErrors)
-	}
-	var op, round sdktrace.ReadOnlySpan
-	nodeSpans := 0
-	for _, s := range rec.Ended() {
+	return nodeErrors
+}
+
+// failedRoundSpans returns, of the spans of a TryAcquire that failed for
+// unavailable nodes, the operation's span, its round's and how many node
+// spans there are; it fails the test for a node span without its
+// attributes and for any span that records the hidden resource names.
+func failedRoundSpans(t *testing.T, spans []sdktrace.ReadOnlySpan) (op, round sdktrace.ReadOnlySpan, nodeSpans int) {
+	t.Helper()
+	for _, s := range spans {
 		switch s.Name() {
 		case tracing.SpanTryAcquire:
 			op = s
@@ -502,17 +552,7 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 			t.Errorf("span %s records resource names although hidden", s.Name())
 		}
 	}
-	for name, s := range map[string]sdktrace.ReadOnlySpan{"op": op, "round": round} {
-		if s == nil {
-			t.Fatalf("no %s span", name)
-		}
-		if s.Status().Code != codes.Error || attrs(s)["error.type"].AsString() != tracing.ErrorTypeUnavailable {
-			t.Errorf("%s span status %v, error.type %q; want Error, %s", name, s.Status(), attrs(s)["error.type"].AsString(), tracing.ErrorTypeUnavailable)
-		}
-	}
-	if nodeSpans < 3 {
-		t.Errorf("%d node spans, want one per node per round", nodeSpans)
-	}
+	return op, round, nodeSpans
 }
 
 // TestLibraryDoesNotImportTheSDK: importing redlock must not pull the

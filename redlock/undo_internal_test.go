@@ -6,6 +6,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
 // TestSecondUndoNeverLowersTheMark: on one node the mark is 9 (a run of
@@ -21,9 +23,12 @@ func TestSecondUndoNeverLowersTheMark(t *testing.T) {
 	value := func(owner string) string { return newToken(owner) + "-" + owner }
 	a, b := value("a"), value("b")
 	rdb.HSet(ctx, "mark", "m", "11", "v", b, "pm", "10", "pv", a)
+	// The undo of a lock of one resource "run" with the mark "mark".
+	lay := script.New(templates[kindUndo].hooks, templates[kindUndo].args, 0, highWaterPart)
+	undoSrc := lay.Assemble(releaseSrc)
 	undo := func(v string) {
 		t.Helper()
-		if err := rdb.Eval(ctx, releaseSrc, []string{"run", "mark"}, v, "", "", "1").Err(); err != nil {
+		if err := rdb.Eval(ctx, undoSrc, []string{"run", "mark"}, v, 1, "10", 1000).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/schedlock/schedlock/redlock/internal/script"
 	"github.com/schedlock/schedlock/tracing"
 )
 
@@ -505,3 +507,84 @@ func countTrue(bs []bool) int {
 	}
 	return n
 }
+
+// The layers of waking (scripts/wake.lua): an Acquire's attempts mark a
+// refusing holder's key (wakeMark), and every Release of a Client with
+// notices on publishes a notice where it deletes a marked key
+// (wakeNotice).
+
+//go:embed scripts/wake.lua
+var wakeSrc string
+
+var (
+	wakeHooks      = script.Parse(wakeSrc)
+	wakeMarkPart   = script.Part{Name: "wake", Hooks: map[string]string{"refused": wakeHooks["refused"]}}
+	wakeNoticePart = script.Part{Name: "wake", Args: 1, Hooks: map[string]string{"deleted": wakeHooks["deleted"]}}
+)
+
+// wakeMark is the layer of an Acquire's Lock while notices are on for the
+// Client and the call.
+type wakeMark struct{ baseLayer }
+
+func newWakeMark(c *Client, cfg *lockConfig, _ []string, retrying bool) (layer, error) {
+	if !retrying || c.cfg.noWake || cfg.noWake {
+		return nil, nil
+	}
+	return wakeMark{}, nil
+}
+
+func (wakeMark) part() script.Part { return wakeMarkPart }
+
+// wakeNotice is the layer of every Lock while notices are on.
+type wakeNotice struct {
+	baseLayer
+	w *waker
+}
+
+func newWakeNotice(c *Client, _ *lockConfig, _ []string, _ bool) (layer, error) {
+	if c.cfg.noWake {
+		return nil, nil
+	}
+	return wakeNotice{w: c.wake}, nil
+}
+
+func (wakeNotice) part() script.Part { return wakeNoticePart }
+
+// args passes a Release's notice ID, "" for a cleanup that wakes nobody.
+func (n wakeNotice) args(_ scriptKind, a *attempt) []any {
+	if !a.notify {
+		return []any{""}
+	}
+	return []any{n.w.noticeID()}
+}
+
+// released counts the release for this Client's own waiters.
+func (n wakeNotice) released(l *Lock, args []any) {
+	if id, _ := args[0].(string); id != "" {
+		n.w.released(l.keys[:l.n], id)
+	}
+}
+
+// WithReleaseNotices turns waking on release on or off (default on): an
+// Acquire that a holder refused on a quorum subscribes, on every node, to
+// the release notices of its resources and starts its next round as soon as
+// the holder releases, instead of polling with its retry delay (wake.go).
+// The channels are "<key>:released": an ACL user needs
+// &<prefix>*:released (Redis 7 gives new users no channel); a release
+// whose PUBLISH is denied still releases. Turn it off where the nodes refuse
+// SUBSCRIBE (ACLs, proxies without pub/sub): this Client's releases then
+// publish nothing either. While an Acquire waits, the Client keeps one
+// PubSub connection and two goroutines per node; they end when no Acquire
+// waits any more, and at Close.
+//
+// Given to a call (Acquire, Do), WithReleaseNotices(false) makes that call
+// poll with its retry delay and mark no holder's key, so that the holder's
+// release publishes nothing for it (package scheduler's Lock: its losers
+// do not wait). A call cannot turn notices on when its Client has them
+// off.
+func WithReleaseNotices(on bool) LockOption { return releaseNoticesOption(on) }
+
+type releaseNoticesOption bool
+
+func (o releaseNoticesOption) applyClient(c *config)   { c.noWake, c.lock.noWake = !bool(o), !bool(o) }
+func (o releaseNoticesOption) applyLock(l *lockConfig) { l.noWake = !bool(o) }

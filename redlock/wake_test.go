@@ -318,12 +318,8 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 		func() (*redlock.Lock, error) { return holder.Acquire(ctx, []string{"alone"}, 30*time.Second) },
 	} {
 		l, err := acquire()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
+		must(t, l.Release(ctx))
 	}
 	waitSettled(t, holder)
 	if p := publishes(t, nodes); p[0]+p[1]+p[2] != 0 {
@@ -331,9 +327,7 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 	}
 
 	held, err := holder.TryAcquire(ctx, []string{"r"}, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	waitSettled(t, holder) // the key on every node before the waiter's first round
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
@@ -342,9 +336,7 @@ func TestReleaseNoticeOnlyWhenAwaited(t *testing.T) {
 	if md, ok, err := holder.HolderMetadata(ctx, "r"); err != nil || !ok || md != "" {
 		t.Errorf("Holder() of a marked lock = %q, %v, %v; want \"\", true, nil", md, ok, err)
 	}
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, held.Release(ctx))
 	if err := <-got; err != nil {
 		t.Fatalf("waiter: %v", err)
 	}

@@ -685,34 +685,44 @@ func (c *respConn) read() (any, error) {
 	case ':':
 		return strconv.ParseInt(body, 10, 64)
 	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil {
-			return nil, fmt.Errorf("malformed bulk length %q", body)
-		}
-		if n < 0 {
-			return nil, nil
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(c.r, buf); err != nil {
-			return nil, err
-		}
-		return buf[:n], nil
+		return c.readBulk(body)
 	case '*':
-		n, err := strconv.Atoi(body)
-		if err != nil {
-			return nil, fmt.Errorf("malformed array length %q", body)
-		}
-		if n < 0 {
-			return nil, nil
-		}
-		arr := make([]any, n)
-		for i := range arr {
-			if arr[i], err = c.read(); err != nil {
-				return nil, err
-			}
-		}
-		return arr, nil
+		return c.readArray(body)
 	default:
 		return nil, fmt.Errorf("unexpected reply type %q", kind)
 	}
+}
+
+// readBulk reads a bulk string of length body (nil for -1).
+func (c *respConn) readBulk(body string) (any, error) {
+	n, err := strconv.Atoi(body)
+	if err != nil {
+		return nil, fmt.Errorf("malformed bulk length %q", body)
+	}
+	if n < 0 {
+		return nil, nil
+	}
+	buf := make([]byte, n+2)
+	if _, err := io.ReadFull(c.r, buf); err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// readArray reads an array of length body (nil for -1).
+func (c *respConn) readArray(body string) (any, error) {
+	n, err := strconv.Atoi(body)
+	if err != nil {
+		return nil, fmt.Errorf("malformed array length %q", body)
+	}
+	if n < 0 {
+		return nil, nil
+	}
+	arr := make([]any, n)
+	for i := range arr {
+		if arr[i], err = c.read(); err != nil {
+			return nil, err
+		}
+	}
+	return arr, nil
 }

@@ -26,6 +26,30 @@ func TestStartSetGet(t *testing.T) {
 	if len(c) != 3 {
 		t.Fatalf("Start(3) returned %d servers", len(c))
 	}
+	checkDistinctServers(t, c)
+
+	clients := c.Clients(t)
+	if len(clients) != 3 {
+		t.Fatalf("Clients returned %d clients", len(clients))
+	}
+	for i, cl := range clients {
+		if err := cl.Set(ctx, fmt.Sprintf("key-%d", i), fmt.Sprintf("value-%d", i), 0).Err(); err != nil {
+			t.Fatalf("SET on server %d: %v", i, err)
+		}
+	}
+	checkOwnKeyOnly(t, clients)
+	keys := c.Keys(t)
+	for i := range c {
+		if want := []string{fmt.Sprintf("key-%d", i)}; !slices.Equal(keys[i], want) {
+			t.Fatalf("Keys()[%d] = %q, want %q", i, keys[i], want)
+		}
+	}
+}
+
+// checkDistinctServers fails the test unless the servers of c have
+// loopback addresses, as Addrs lists them, and distinct pids and addresses.
+func checkDistinctServers(t *testing.T, c Cluster) {
+	t.Helper()
 	addrs := c.Addrs()
 	pids := map[int]bool{}
 	for i, s := range c {
@@ -40,30 +64,20 @@ func TestStartSetGet(t *testing.T) {
 	if len(slices.Compact(slices.Sorted(slices.Values(addrs)))) != 3 {
 		t.Fatalf("addresses not distinct: %q", addrs)
 	}
+}
 
-	clients := c.Clients(t)
-	if len(clients) != 3 {
-		t.Fatalf("Clients returned %d clients", len(clients))
-	}
-	for i, cl := range clients {
-		if err := cl.Set(ctx, fmt.Sprintf("key-%d", i), fmt.Sprintf("value-%d", i), 0).Err(); err != nil {
-			t.Fatalf("SET on server %d: %v", i, err)
-		}
-	}
+// checkOwnKeyOnly fails the test unless client i's server has key-i =
+// value-i and no other key: the servers are independent.
+func checkOwnKeyOnly(t *testing.T, clients []redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
 	for i, cl := range clients {
 		got, err := cl.Get(ctx, fmt.Sprintf("key-%d", i)).Result()
 		if err != nil || got != fmt.Sprintf("value-%d", i) {
 			t.Fatalf("GET on server %d = %q, %v", i, got, err)
 		}
-		// The servers are independent: no other server's key is here.
 		if n, err := cl.DBSize(ctx).Result(); err != nil || n != 1 {
 			t.Fatalf("DBSIZE on server %d = %d, %v; want 1", i, n, err)
-		}
-	}
-	keys := c.Keys(t)
-	for i := range c {
-		if want := []string{fmt.Sprintf("key-%d", i)}; !slices.Equal(keys[i], want) {
-			t.Fatalf("Keys()[%d] = %q, want %q", i, keys[i], want)
 		}
 	}
 }

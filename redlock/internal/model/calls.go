@@ -3,18 +3,39 @@ package model
 import (
 	"strconv"
 	"strings"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
-// Call is one script call on one node: the script's file name, its keys
-// and its arguments, as the redlock client sends them.
+// Call is one script call on one node: the script's name (acquire,
+// extend, release and undo: a core template with Layers; else a whole
+// script's file name), its keys and its arguments, as the redlock client
+// sends them.
 type Call struct {
 	Script string
+	Layers []string // the lock's layers (names of shapes), in order
 	Keys   []string
 	Argv   []string
 }
 
 // Run runs c on st and returns the script's reply.
-func (c Call) Run(st *Store) any { return Script(st, c.Script, c.Keys, c.Argv) }
+func (c Call) Run(st *Store) any { return Script(st, c) }
+
+// Layout returns the layout of c's script.
+func (c Call) Layout() *script.Layout { return cachedLayout(c.Script, c.Layers) }
+
+// run returns what c's fragments read on st.
+func (c Call) run(st *Store) *run {
+	x := &run{st: st, lay: c.Layout(), keys: c.Keys, argv: c.Argv, value: c.Argv[0], tok: tok(c.Argv[0])}
+	if kinds[c.Script].args == 2 { // release, undo: value, n
+		n, _ := num(c.Argv[1])
+		x.n = int(n)
+	} else { // acquire, extend: value, ttl, n
+		n, _ := num(c.Argv[2])
+		x.ttl, x.n = must(num(c.Argv[1])), int(n)
+	}
+	return x
+}
 
 // LockSpec is what decides the keys and arguments of one lock's calls:
 // the features of the Lock (redlock.newLock and the option values).
@@ -26,6 +47,7 @@ type LockSpec struct {
 	Fencing   bool  // WithFencing: counters, a token proposed by acquire
 	Gate      int64 // WithRestartGating(maxTTL), 0 for off
 	Wait      bool  // an Acquire's attempt marks a refusing holder's key (release notices)
+	Notices   bool  // a Release publishes a notice where it deletes a marked key
 	Record    string
 	RecordTTL int64 // WithRecord
 	Mark      string
@@ -69,82 +91,111 @@ func suffixed(keys []string, suffix string) []string {
 	return out
 }
 
-func (l LockSpec) gateKeys() []string {
-	return []string{l.Prefix + gateName, l.Prefix + legacyGateName}
+// layers returns the lock's layers in redlock's registry order
+// (layer.go): wake for an Acquire's attempts (Wait), notice for a
+// Release (Notices), log for a Release with a log.
+func (l LockSpec) layers(log *ReleaseLog) []string {
+	var out []string
+	add := func(on bool, name string) {
+		if on {
+			out = append(out, name)
+		}
+	}
+	add(l.Reentrant, "reentrant")
+	add(l.Fencing, "fencing")
+	add(l.Gate > 0, "gate")
+	add(l.Record != "", "record")
+	add(l.Mark != "", "mark")
+	add(l.Wait, "wake")
+	add(l.Notices, "notice")
+	add(log != nil, "log")
+	return out
 }
 
-// ownedKeys are the keys of extend and release: lock keys, then holds.
-func (l LockSpec) ownedKeys() []string {
-	keys := l.lockKeys()
-	if l.Reentrant {
-		keys = append(keys, suffixed(l.lockKeys(), holdsSuffix)...)
+// call builds script kind's call: the lock keys and core arguments, then
+// the keys and arguments of each layer in the script, where the layout
+// puts them.
+func (l LockSpec) call(kindName string, core []string, aid string, log *ReleaseLog) Call {
+	c := Call{Script: kindName, Keys: l.lockKeys(), Argv: core}
+	for _, name := range l.layers(log) {
+		if !inScript(kindName, name) {
+			continue
+		}
+		c.Layers = append(c.Layers, name)
+		c.Keys = append(c.Keys, l.layerKeys(name, log)...)
+		c.Argv = append(c.Argv, l.layerArgs(name, aid, log)...)
 	}
-	return keys
+	return c
+}
+
+// layerKeys mirrors each layer's keys (redlock: reentrant.go,
+// fencing.go, gating.go, record.go, highwater.go, releaselog.go).
+func (l LockSpec) layerKeys(name string, log *ReleaseLog) []string {
+	switch name {
+	case "reentrant":
+		return suffixed(l.lockKeys(), holdsSuffix)
+	case "fencing":
+		return l.CounterKeys()
+	case "gate":
+		return []string{l.Prefix + gateName, l.Prefix + legacyGateName}
+	case "record":
+		return []string{l.Prefix + l.Record}
+	case "mark":
+		return []string{l.Prefix + l.Mark}
+	case "log":
+		return []string{l.Prefix + log.Name}
+	}
+	return nil
+}
+
+// layerArgs mirrors each layer's arguments (the notice ID of a cleanup
+// is "").
+func (l LockSpec) layerArgs(name, aid string, log *ReleaseLog) []string {
+	switch name {
+	case "reentrant":
+		return []string{aid}
+	case "gate":
+		return []string{itoa(l.Gate)}
+	case "record":
+		return []string{itoa(l.RecordTTL)}
+	case "mark":
+		return []string{itoa(l.MarkAt), itoa(l.MarkTTL)}
+	case "notice":
+		return []string{""}
+	case "log":
+		return append([]string{itoa(log.Len), itoa(log.TTL)}, log.Entries...)
+	}
+	return nil
 }
 
 // CounterKeys are the fencing counters.
 func (l LockSpec) CounterKeys() []string { return suffixed(l.lockKeys(), fencingSuffix) }
 
+// must is the number of tonumber(x) that the core's templates read.
+func must(n int64, _ bool) int64 { return n }
+
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-func bit(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
-}
-
-// AcquireCall is acquire.go's acquireSpec: keys lock, holds, counters,
-// gate markers, record, mark.
+// AcquireCall is acquire.go's acquire call of one attempt.
 func (l LockSpec) AcquireCall(value, aid string, ttl int64) Call {
-	keys := l.ownedKeys()
-	if l.Fencing {
-		keys = append(keys, l.CounterKeys()...)
-	}
-	if l.Gate > 0 {
-		keys = append(keys, l.gateKeys()...)
-	}
-	if l.Record != "" {
-		keys = append(keys, l.Prefix+l.Record)
-	}
-	mark := ""
-	if l.Mark != "" {
-		keys = append(keys, l.Prefix+l.Mark)
-		mark = itoa(l.MarkAt)
-	}
-	return Call{"acquire", keys, []string{value, itoa(ttl), itoa(int64(len(l.Resources))), aid, bit(l.Fencing),
-		itoa(l.Gate), bit(l.Wait), itoa(l.RecordTTL), mark, itoa(l.MarkTTL)}}
+	return l.call("acquire", []string{value, itoa(ttl), itoa(int64(len(l.Resources)))}, aid, nil)
 }
 
-// ExtendCall is lock.go's extend round: owned keys, then the gate
-// markers.
+// ExtendCall is lock.go's extend call.
 func (l LockSpec) ExtendCall(value, aid string, ttl int64) Call {
-	keys := l.ownedKeys()
-	if l.Gate > 0 {
-		keys = append(keys, l.gateKeys()...)
-	}
-	return Call{"extend", keys, []string{value, itoa(ttl), bit(l.Reentrant), aid, itoa(l.Gate)}}
+	return l.call("extend", []string{value, itoa(ttl), itoa(int64(len(l.Resources)))}, aid, nil)
 }
 
-// ReleaseCall is lock.go's releaseSpec: a release, or the undo of a
+// ReleaseCall is lock.go's releaseCall: a release, or the undo of a
 // failed attempt (which also deletes its record and puts back its
 // mark). log, when not nil, is WithReleaseLog's list: its length, TTL and
 // entries.
 func (l LockSpec) ReleaseCall(value, aid string, undo bool, log *ReleaseLog) Call {
-	keys, mark := l.ownedKeys(), ""
-	if undo && l.Record != "" {
-		keys = append(keys, l.Prefix+l.Record)
+	kindName := "release"
+	if undo {
+		kindName = "undo"
 	}
-	if undo && l.Mark != "" {
-		keys, mark = append(keys, l.Prefix+l.Mark), "1"
-	}
-	argv := []string{value, aid, "", mark}
-	if log != nil {
-		keys = append(keys, l.Prefix+log.Name)
-		argv = append(argv, itoa(log.Len), itoa(log.TTL))
-		argv = append(argv, log.Entries...)
-	}
-	return Call{"release", keys, argv}
+	return l.call(kindName, []string{value, itoa(int64(len(l.Resources)))}, aid, log)
 }
 
 // ReleaseLog is WithReleaseLog's list.
@@ -156,17 +207,17 @@ type ReleaseLog struct {
 
 // FenceCall records token on the counters (fencing.go).
 func (l LockSpec) FenceCall(token, retention int64) Call {
-	return Call{"fence", l.CounterKeys(), []string{itoa(token), itoa(retention)}}
+	return Call{Script: "fence", Keys: l.CounterKeys(), Argv: []string{itoa(token), itoa(retention)}}
 }
 
 // CheckCall confirms a kept token (fencing.go).
 func (l LockSpec) CheckCall(kept int64) Call {
-	return Call{"check", l.CounterKeys(), []string{itoa(kept)}}
+	return Call{Script: "check", Keys: l.CounterKeys(), Argv: []string{itoa(kept)}}
 }
 
 // NoteCall notes token in the holds of acquisition aid (fencing.go).
 func (l LockSpec) NoteCall(token int64, aid string) Call {
-	return Call{"note", suffixed(l.lockKeys(), holdsSuffix), []string{itoa(token), aid}}
+	return Call{Script: "note", Keys: suffixed(l.lockKeys(), holdsSuffix), Argv: []string{itoa(token), aid}}
 }
 
 // AbandonCall is Client.ReleaseAbandoned's call for a lock of one
@@ -176,5 +227,5 @@ func (l LockSpec) AbandonCall(md string) Call {
 	if l.Mark != "" {
 		keys = append(keys, l.Prefix+l.Mark)
 	}
-	return Call{"abandon", keys, []string{md}}
+	return Call{Script: "abandon", Keys: keys, Argv: []string{md}}
 }

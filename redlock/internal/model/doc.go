@@ -3,8 +3,11 @@
 // explicit-state explorer of its own, and tied to the code.
 //
 //   - scripts.go mirrors redlock/scripts/*.lua line for line on a Store
-//     (store.go), a small Redis with expiry on the node's clock;
-//     calls.go builds each call's keys and arguments as the client does.
+//     (store.go), a small Redis with expiry on the node's clock: the
+//     core's templates with the fragments of a call's layers at their
+//     hooks (layers.go mirrors each layer's shape; internal/script lays
+//     them out, for the model as for the client); calls.go builds each
+//     call's keys and arguments as the client does.
 //     TestScriptsMatchRedis runs the same calls on a real redis-server and
 //     on the model and compares every reply and the whole key space.
 //   - model.go is the protocol: nodes running those scripts on their own

@@ -46,70 +46,92 @@ func (mm *m) next(s *State) []Step {
 	}
 	switch s.Stage {
 	case stageChoose:
-		i := s.Cursor
-		choose := func(label string, f func(*State)) {
-			add(label, func(c *State) { f(c); c.Cursor++ })
-		}
-		c, spec := &s.Client[i], mm.cfg.Clients[i]
-		eager := spec.Eager && !c.Paused && (c.Phase == Idle && s.T >= spec.Start || c.Phase == Backoff)
-		if !eager {
-			choose(fmt.Sprintf("client %d waits", i), func(*State) {})
-		}
-		mm.clientSteps(s, i, choose)
+		mm.chooseSteps(s, add)
 	case stageNodes:
-		n := s.Cursor
-		only := true // only held messages (or none) are left
-		for k, msg := range s.Net {
-			if msg.Reply || msg.N != n || msg.Sent >= s.T {
-				continue
-			}
-			what := msgText(msg)
-			if !mm.head(s, k) {
-				if s.Left.Reorder > 0 {
-					add("deliver out of order "+what, func(c *State) { c.Left.Reorder--; mm.deliver(c, k, 0) })
-				}
-				continue
-			}
-			only = only && msg.Held
-			add("deliver "+what, func(c *State) { mm.deliver(c, k, 0) })
-			if s.Left.Loss > 0 {
-				add("lose "+what, func(c *State) { c.Left.Loss--; c.Net = del(c.Net, k) })
-				if msg.Seq != 0 {
-					add("deliver "+what+", lose the answer", func(c *State) { c.Left.Loss--; mm.deliver(c, k, 'l') })
-				}
-			}
-			if s.Left.Delay > 0 && !msg.Held && msg.Sent >= mm.cfg.Faults.DelayAfter {
-				add("delay "+what, func(c *State) { c.Left.Delay--; c.Net[k].Held = true })
-				if msg.Seq != 0 && mm.cfg.Faults.DelayAfter == 0 {
-					add("deliver "+what+", delay the answer", func(c *State) { c.Left.Delay--; mm.deliver(c, k, 'd') })
-				}
-			}
-		}
-		if s.Left.Restart > 0 {
-			add(fmt.Sprintf("node %d restarts empty", n), func(c *State) { c.Left.Restart--; c.Node[n].Keys = nil })
-		}
-		if only {
-			add(fmt.Sprintf("node %d: nothing more arrives now", n), func(c *State) { c.Cursor++ })
-		}
+		mm.nodeSteps(s, add)
 	case stageAnswers:
-		i := s.Cursor
-		only := true
-		for k, msg := range s.Net {
-			if !msg.Reply || msg.C != i {
-				continue
-			}
-			only = only && msg.Held
-			add("answer "+msgText(msg), func(c *State) { mm.deliver(c, k, 0) })
-		}
-		if only {
-			add(fmt.Sprintf("client %d: no more answers now", i), func(c *State) { c.Cursor++ })
-		}
+		mm.answerSteps(s, add)
 	case stageTick:
 		if s.T < mm.cfg.Horizon {
 			add("tick", mm.tick)
 		}
 	}
 	return out
+}
+
+// chooseSteps adds the steps of the client at the cursor.
+func (mm *m) chooseSteps(s *State, add func(string, func(*State))) {
+	i := s.Cursor
+	choose := func(label string, f func(*State)) {
+		add(label, func(c *State) { f(c); c.Cursor++ })
+	}
+	c, spec := &s.Client[i], mm.cfg.Clients[i]
+	eager := spec.Eager && !c.Paused && (c.Phase == Idle && s.T >= spec.Start || c.Phase == Backoff)
+	if !eager {
+		choose(fmt.Sprintf("client %d waits", i), func(*State) {})
+	}
+	mm.clientSteps(s, i, choose)
+}
+
+// nodeSteps adds the steps of the node at the cursor: each request that
+// may arrive now, with its faults, and a restart.
+func (mm *m) nodeSteps(s *State, add func(string, func(*State))) {
+	n := s.Cursor
+	only := true // only held messages (or none) are left
+	for k, msg := range s.Net {
+		if msg.Reply || msg.N != n || msg.Sent >= s.T {
+			continue
+		}
+		if !mm.head(s, k) {
+			if s.Left.Reorder > 0 {
+				add("deliver out of order "+msgText(msg), func(c *State) { c.Left.Reorder--; mm.deliver(c, k, 0) })
+			}
+			continue
+		}
+		only = only && msg.Held
+		mm.requestSteps(s, k, msg, add)
+	}
+	if s.Left.Restart > 0 {
+		add(fmt.Sprintf("node %d restarts empty", n), func(c *State) { c.Left.Restart--; c.Node[n].Keys = nil })
+	}
+	if only {
+		add(fmt.Sprintf("node %d: nothing more arrives now", n), func(c *State) { c.Cursor++ })
+	}
+}
+
+// requestSteps adds the steps of request s.Net[k], first in flight on
+// its channel: delivered, lost, delayed.
+func (mm *m) requestSteps(s *State, k int, msg Msg, add func(string, func(*State))) {
+	what := msgText(msg)
+	add("deliver "+what, func(c *State) { mm.deliver(c, k, 0) })
+	if s.Left.Loss > 0 {
+		add("lose "+what, func(c *State) { c.Left.Loss--; c.Net = del(c.Net, k) })
+		if msg.Seq != 0 {
+			add("deliver "+what+", lose the answer", func(c *State) { c.Left.Loss--; mm.deliver(c, k, 'l') })
+		}
+	}
+	if s.Left.Delay > 0 && !msg.Held && msg.Sent >= mm.cfg.Faults.DelayAfter {
+		add("delay "+what, func(c *State) { c.Left.Delay--; c.Net[k].Held = true })
+		if msg.Seq != 0 && mm.cfg.Faults.DelayAfter == 0 {
+			add("deliver "+what+", delay the answer", func(c *State) { c.Left.Delay--; mm.deliver(c, k, 'd') })
+		}
+	}
+}
+
+// answerSteps adds the answers that may reach the client at the cursor.
+func (mm *m) answerSteps(s *State, add func(string, func(*State))) {
+	i := s.Cursor
+	only := true
+	for k, msg := range s.Net {
+		if !msg.Reply || msg.C != i {
+			continue
+		}
+		only = only && msg.Held
+		add("answer "+msgText(msg), func(c *State) { mm.deliver(c, k, 0) })
+	}
+	if only {
+		add(fmt.Sprintf("client %d: no more answers now", i), func(c *State) { c.Cursor++ })
+	}
 }
 
 // pending reports whether the current stage has something left to do;
@@ -212,30 +234,39 @@ func (mm *m) clientSteps(s *State, i int, add func(string, func(*State))) {
 	case Backoff:
 		add(name+"retries", func(c *State) { mm.startAttempt(c, i) })
 	case Held:
-		switch {
-		case c.InCS:
-			add(name+"writes", func(c *State) { mm.write(c, i) })
-			return // it writes right after its check unless paused (assumption 3)
-		case spec.Writes && !c.Wrote && mm.believes(s, i):
-			add(name+"checks its lock and writes", func(c *State) { mm.write(c, i) })
-			if s.Left.Pause > 0 {
-				add(name+"checks its lock, then pauses before its write", func(c *State) {
-					c.Left.Pause--
-					c.Client[i].InCS, c.Client[i].Paused = true, true
-				})
-			}
-		}
-		if c.Round.Kind != 0 || c.KeepDue {
-			return // Release and Extend wait for the Lock's op mutex
-		}
-		timed := len(spec.ExtendAt) == 0 || c.Extends < len(spec.ExtendAt) && spec.ExtendAt[c.Extends] == s.T
-		if c.Extends < spec.Extends && !c.Lost && s.clock(i) < c.Until && timed {
-			for _, ttl := range mm.cfg.extendTTLs() {
-				add(fmt.Sprintf("%sextends to %d", name, ttl), func(c *State) { c.Client[i].Extends++; mm.extend(c, i, ttl, false) })
-			}
-		}
-		add(name+"releases", func(c *State) { mm.release(c, i) })
+		mm.heldSteps(s, i, add)
 	}
+}
+
+// heldSteps adds the steps of client i while it holds its lock: writes,
+// extensions, the release.
+func (mm *m) heldSteps(s *State, i int, add func(string, func(*State))) {
+	c := &s.Client[i]
+	spec := mm.cfg.Clients[i]
+	name := fmt.Sprintf("client %d ", i)
+	switch {
+	case c.InCS:
+		add(name+"writes", func(c *State) { mm.write(c, i) })
+		return // it writes right after its check unless paused (assumption 3)
+	case spec.Writes && !c.Wrote && mm.believes(s, i):
+		add(name+"checks its lock and writes", func(c *State) { mm.write(c, i) })
+		if s.Left.Pause > 0 {
+			add(name+"checks its lock, then pauses before its write", func(c *State) {
+				c.Left.Pause--
+				c.Client[i].InCS, c.Client[i].Paused = true, true
+			})
+		}
+	}
+	if c.Round.Kind != 0 || c.KeepDue {
+		return // Release and Extend wait for the Lock's op mutex
+	}
+	timed := len(spec.ExtendAt) == 0 || c.Extends < len(spec.ExtendAt) && spec.ExtendAt[c.Extends] == s.T
+	if c.Extends < spec.Extends && !c.Lost && s.clock(i) < c.Until && timed {
+		for _, ttl := range mm.cfg.extendTTLs() {
+			add(fmt.Sprintf("%sextends to %d", name, ttl), func(c *State) { c.Client[i].Extends++; mm.extend(c, i, ttl, false) })
+		}
+	}
+	add(name+"releases", func(c *State) { mm.release(c, i) })
 }
 
 // release is lock.go's Release: the holder stops believing, and the

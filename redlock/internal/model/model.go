@@ -277,36 +277,9 @@ func (mm *m) execute(s *State, msg Msg) Reply {
 	}
 	switch msg.Kind {
 	case 'a':
-		v := ints(r)
-		switch v[0] {
-		case 1:
-			rep := Reply{Out: 'O'}
-			if mm.cfg.Fencing {
-				rep.R1, rep.R2, rep.R3 = v[1], v[2], v[3]
-				if mm.cfg.Bugs.NoClockFloor {
-					rep.R1 = v[2] + 1
-				}
-			}
-			return rep
-		case 2:
-			return Reply{Out: 'G'}
-		}
-		return Reply{Out: 'H'}
+		return mm.acquireReply(c, ints(r))
 	case 'x':
-		if v, ok := r.([]any); ok && v[0] == int64(2) {
-			return Reply{Out: 'G'}
-		}
-		switch r.(int64) {
-		case 1, 3:
-			if mm.cfg.Bugs.LowerTTL && !mm.lock[msg.C].Reentrant {
-				st.PExpire(c.Keys[0], msg.TTL)
-			}
-			if r.(int64) == 3 {
-				return Reply{Out: 'R'}
-			}
-			return Reply{Out: 'O'}
-		}
-		return Reply{Out: 'H'}
+		return mm.extendReply(st, c, msg, r)
 	case 'c':
 		v := ints(r)
 		if v[0] == 1 {
@@ -320,6 +293,43 @@ func (mm *m) execute(s *State, msg Msg) Reply {
 		return Reply{Out: 'H'}
 	}
 	return Reply{Out: 'O'} // note
+}
+
+// acquireReply reads the acquire script's reply v to call c.
+func (mm *m) acquireReply(c Call, v []int64) Reply {
+	switch v[0] {
+	case 1:
+		rep := Reply{Out: 'O'}
+		if mm.cfg.Fencing {
+			at := c.Layout().Reply("fencing")
+			rep.R1, rep.R2, rep.R3 = v[at], v[at+1], v[at+2]
+			if mm.cfg.Bugs.NoClockFloor {
+				rep.R1 = v[at+1] + 1
+			}
+		}
+		return rep
+	case 2:
+		return Reply{Out: 'G'}
+	}
+	return Reply{Out: 'H'}
+}
+
+// extendReply reads the extend script's reply r to call c (msg) on st.
+func (mm *m) extendReply(st *Store, c Call, msg Msg, r any) Reply {
+	if v, ok := r.([]any); ok && v[0] == int64(2) {
+		return Reply{Out: 'G'}
+	}
+	switch r.(int64) {
+	case 1, 3:
+		if mm.cfg.Bugs.LowerTTL && !mm.lock[msg.C].Reentrant {
+			st.PExpire(c.Keys[0], msg.TTL)
+		}
+		if r.(int64) == 3 {
+			return Reply{Out: 'R'}
+		}
+		return Reply{Out: 'O'}
+	}
+	return Reply{Out: 'H'}
 }
 
 // count returns how many answers of r are out.
@@ -378,60 +388,72 @@ func (mm *m) finish(s *State, i int) {
 	c.Round = Round{}
 	switch r.Kind {
 	case 'a':
-		for n, x := range r.Res {
-			c.AcqOK[n] = x.Out == 'O'
-			c.AcqSkip[n] = x.Out == 'H' || x.Out == 'G'
-		}
-		if count(&r, 'O') < Quorum {
-			mm.fail(s, i)
-			return
-		}
-		if !mm.cfg.Fencing {
-			mm.grant(s, i)
-			return
-		}
-		c.Tok, c.Largest, c.Kept = 0, 0, 0
-		for _, x := range r.Res {
-			if x.Out == 'O' {
-				c.Tok, c.Largest, c.Kept = max(c.Tok, x.R1), max(c.Largest, x.R2), max(c.Kept, x.R3)
-			}
-		}
-		if c.Kept > 0 && c.Largest <= c.Kept {
-			mm.startRound(s, i, 'c', s.clock(i)+mm.cfg.NodeTimeout, Msg{Tok: c.Kept})
-			return
-		}
-		mm.fence(s, i)
+		mm.acquired(s, i, &r)
 	case 'c':
-		switch {
-		case count(&r, 'O') >= Quorum:
-			c.Tok = c.Kept
-			mm.grant(s, i)
-			return
-		case count(&r, 'H') == 0:
-			mm.fail(s, i)
-			return
-		}
-		for _, x := range r.Res {
-			if x.Out == 'O' || x.Out == 'H' {
-				c.Tok = max(c.Tok, x.R2+1)
-			}
-		}
-		mm.fence(s, i)
+		mm.checked(s, i, &r)
 	case 'f':
-		if count(&r, 'O') < Quorum {
+		switch {
+		case count(&r, 'O') < Quorum:
 			mm.fail(s, i)
-			return
-		}
-		if c.Aid != "" {
+		case c.Aid != "":
 			mm.startRound(s, i, 'n', s.clock(i)+mm.cfg.NodeTimeout, Msg{Tok: c.Tok, Aid: c.Aid})
-			return
+		default:
+			mm.grant(s, i)
 		}
-		mm.grant(s, i)
 	case 'n':
 		mm.grant(s, i)
 	case 'x':
 		mm.extended(s, i, &r)
 	}
+}
+
+// acquired goes on after client i's acquire round r: the undo, the
+// grant, or fencing's check or fence round.
+func (mm *m) acquired(s *State, i int, r *Round) {
+	c := &s.Client[i]
+	for n, x := range r.Res {
+		c.AcqOK[n] = x.Out == 'O'
+		c.AcqSkip[n] = x.Out == 'H' || x.Out == 'G'
+	}
+	if count(r, 'O') < Quorum {
+		mm.fail(s, i)
+		return
+	}
+	if !mm.cfg.Fencing {
+		mm.grant(s, i)
+		return
+	}
+	c.Tok, c.Largest, c.Kept = 0, 0, 0
+	for _, x := range r.Res {
+		if x.Out == 'O' {
+			c.Tok, c.Largest, c.Kept = max(c.Tok, x.R1), max(c.Largest, x.R2), max(c.Kept, x.R3)
+		}
+	}
+	if c.Kept > 0 && c.Largest <= c.Kept {
+		mm.startRound(s, i, 'c', s.clock(i)+mm.cfg.NodeTimeout, Msg{Tok: c.Kept})
+		return
+	}
+	mm.fence(s, i)
+}
+
+// checked goes on after client i's check round r (a kept token).
+func (mm *m) checked(s *State, i int, r *Round) {
+	c := &s.Client[i]
+	switch {
+	case count(r, 'O') >= Quorum:
+		c.Tok = c.Kept
+		mm.grant(s, i)
+		return
+	case count(r, 'H') == 0:
+		mm.fail(s, i)
+		return
+	}
+	for _, x := range r.Res {
+		if x.Out == 'O' || x.Out == 'H' {
+			c.Tok = max(c.Tok, x.R2+1)
+		}
+	}
+	mm.fence(s, i)
 }
 
 // fence sends the fence round of the attempt's token.
@@ -471,20 +493,27 @@ func (mm *m) grant(s *State, i int) {
 		}
 	}
 	if mm.cfg.Fencing {
-		if c.Token < c.SeenTok || c.Token == c.SeenTok && c.SeenOwner != c.OwnerName {
-			s.Broken = fmt.Sprintf("fencing token %d of %s not above %d, granted to %s before its attempt began", c.Token, c.OwnerName, c.SeenTok, c.SeenOwner)
-		}
-		for _, x := range g.Issued {
-			if x.Tok == c.Token && x.Owner != c.OwnerName {
-				s.Broken = fmt.Sprintf("fencing token %d granted to %s and to %s", x.Tok, x.Owner, c.OwnerName)
-			}
-		}
-		g.Issued = append(g.Issued, Issue{c.Token, c.OwnerName})
-		if c.Token > g.MaxTok {
-			g.MaxTok, g.MaxOwner = c.Token, c.OwnerName
-		}
+		checkToken(s, c)
 	}
 	c.Tok, c.Largest, c.Kept = 0, 0, 0
+}
+
+// checkToken checks the fencing token of c's grant against every token
+// granted before (the ghost state) and records it.
+func checkToken(s *State, c *Client) {
+	g := &s.Ghost
+	if c.Token < c.SeenTok || c.Token == c.SeenTok && c.SeenOwner != c.OwnerName {
+		s.Broken = fmt.Sprintf("fencing token %d of %s not above %d, granted to %s before its attempt began", c.Token, c.OwnerName, c.SeenTok, c.SeenOwner)
+	}
+	for _, x := range g.Issued {
+		if x.Tok == c.Token && x.Owner != c.OwnerName {
+			s.Broken = fmt.Sprintf("fencing token %d granted to %s and to %s", x.Tok, x.Owner, c.OwnerName)
+		}
+	}
+	g.Issued = append(g.Issued, Issue{c.Token, c.OwnerName})
+	if c.Token > g.MaxTok {
+		g.MaxTok, g.MaxOwner = c.Token, c.OwnerName
+	}
 }
 
 // fail undoes a failed attempt on every node that may have granted, and

@@ -11,15 +11,18 @@ import (
 // same calls and compares replies and key spaces, so that a change to one
 // without the other fails.
 
-// Script runs one script by its file name (without .lua) on st.
-func Script(st *Store, name string, keys, argv []string) any {
-	switch name {
+// Script runs c's script on st: acquire, extend, release and undo are
+// the core's templates with c's layers; the others are whole scripts, by
+// file name (without .lua).
+func Script(st *Store, c Call) any {
+	keys, argv := c.Keys, c.Argv
+	switch c.Script {
 	case "acquire":
-		return Acquire(st, keys, argv)
+		return Acquire(st, c)
 	case "extend":
-		return Extend(st, keys, argv)
-	case "release":
-		return Release(st, keys, argv)
+		return Extend(st, c)
+	case "release", "undo":
+		return Release(st, c)
 	case "fence":
 		return Fence(st, keys, argv)
 	case "check":
@@ -31,7 +34,7 @@ func Script(st *Store, name string, keys, argv []string) any {
 	case "holders":
 		return Holders(st, keys, argv)
 	}
-	panic("model: no script " + name)
+	panic("model: no script " + c.Script)
 }
 
 // num is Lua's tonumber for the integers the scripts pass; false for
@@ -67,7 +70,7 @@ func nowMs(st *Store) int64 {
 	return sec*1000 + usec/1000
 }
 
-// gate is the restart gate check of acquire.lua and extend.lua: nil when
+// gate is the restart gate check of gate.lua: nil when
 // the gate has passed, else the reply {2, ms left} (after storing the
 // server time in a missing marker).
 func gate(st *Store, gateMs int64, marker, legacy string) any {
@@ -101,160 +104,180 @@ func raise(st *Store, key, val string, ttl int64) {
 	}
 }
 
-// Acquire is scripts/acquire.lua.
-func Acquire(st *Store, keys, argv []string) any {
-	n, _ := num(argv[2])
-	aid := argv[3]
-	ttl, _ := num(argv[1])
-	rttl, _ := num(argv[7])
-	hwArg, _ := arg(argv, 9)
-	hw, hasHW := num(hwArg)
-	last := len(keys)
-	mk := ""
-	if hasHW {
-		mk = keys[last-1]
-		last--
-	}
-	rk := ""
-	if rttl > 0 {
-		rk = keys[last-1]
-		last--
-	}
-	nk := n
-	if aid != "" {
-		nk = 2 * n
-	}
-
-	// Restart gating.
-	if argv[5] != "0" {
-		g, _ := num(argv[5])
-		if r := gate(st, g, keys[last-2], keys[last-1]); r != nil {
+// Acquire is scripts/acquire.lua with the fragments of c's layers.
+func Acquire(st *Store, c Call) any {
+	x := c.run(st)
+	for _, name := range x.lay.Parts() {
+		if r := checkHook[name](x); r != nil {
 			return r
 		}
 	}
-
-	t := tok(argv[0])
-	if rk != "" {
-		if v, ok := st.Get(rk); ok && tok(v) != t {
-			return []any{int64(0), v, st.PTTL(rk), int64(0)}
+	var set []int
+	mine := 0
+	for i := range x.n {
+		if st.Set(x.keys[i], x.value, x.ttl, true) {
+			set = append(set, i)
+			continue
 		}
-	}
-	var mark [3]string // m, v, pm
-	var markOK [3]bool
-	if mk != "" {
-		for i, f := range []string{"m", "v", "pm"} {
-			mark[i], markOK[i] = st.HGet(mk, f)
-		}
-		if m, _ := num(mark[0]); markOK[0] && tok(mark[1]) != t && m >= hw {
-			return []any{int64(0), mark[1], st.PTTL(mk), int64(-1), m}
-		}
-	}
-	mine := int64(0)
-	for i := range n {
-		v, ok := st.Get(keys[i])
-		if ok {
-			if tok(v) != t {
-				if argv[6] == "1" && len(v) > 32 {
-					switch v[32] {
-					case '-':
-						st.SetRange1(keys[i], 32, '_')
-					case 'T':
-						st.SetRange1(keys[i], 32, 't')
-					}
-				}
-				return []any{int64(0), v, st.PTTL(keys[i]), i + 1}
+		v, _ := st.Get(x.keys[i])
+		if tok(v) != x.tok {
+			for _, j := range set {
+				st.Del(x.keys[j])
 			}
-			mine++
-		}
-	}
-	for i := range n {
-		raise(st, keys[i], argv[0], ttl)
-		if aid != "" {
-			st.HSet(keys[n+i], aid, "1")
-			if st.PTTL(keys[n+i]) < ttl {
-				st.PExpire(keys[n+i], ttl)
+			if x.has("wake") {
+				wakeRefused(x, i, v)
 			}
+			return []any{int64(0), v, st.PTTL(x.keys[i]), int64(i + 1)}
+		}
+		mine++
+	}
+	for i := range x.n {
+		if st.PTTL(x.keys[i]) < x.ttl {
+			st.PExpire(x.keys[i], x.ttl)
 		}
 	}
-	if rk != "" {
-		st.Set(rk, argv[0], rttl, false)
+	reply := make([]any, x.lay.Replies())
+	reply[0] = int64(1)
+	for _, name := range x.lay.Parts() {
+		grantedHook[name](x, reply, mine)
 	}
-	before := int64(0)
-	if mk != "" {
-		if markOK[0] && tok(mark[1]) == t {
-			before, _ = num(mark[2])
-		} else {
-			before, _ = num(mark[0])
-			st.HSet(mk, "m", hwArg)
-			st.HSet(mk, "v", argv[0])
-			st.HSet(mk, "pm", mark[0]) // '' when there was none
-			st.HSet(mk, "pv", mark[1])
-		}
-		mttl, _ := num(argv[9])
-		st.PExpire(mk, mttl)
-	}
-	if argv[4] != "1" {
-		if mk != "" {
-			return []any{int64(1), int64(0), int64(0), int64(0), before}
-		}
-		return []any{int64(1)}
-	}
+	return reply
+}
 
-	// Fencing.
+// checkHook and grantedHook are the layers' check and granted sections
+// of the acquire script (nil result: go on).
+var (
+	checkHook = map[string]func(x *run) any{
+		"reentrant": func(*run) any { return nil },
+		"fencing":   func(*run) any { return nil },
+		"gate":      gateCheck,
+		"record":    recordCheck,
+		"mark":      markCheck,
+		"wake":      func(*run) any { return nil },
+	}
+	grantedHook = map[string]func(x *run, reply []any, mine int){
+		"reentrant": func(x *run, _ []any, _ int) { reentrantHolds(x) },
+		"fencing":   fencingGranted,
+		"gate":      func(*run, []any, int) {},
+		"record":    func(x *run, _ []any, _ int) { recordGranted(x) },
+		"mark":      func(x *run, reply []any, _ int) { markGranted(x, reply) },
+		"wake":      func(*run, []any, int) {},
+	}
+)
+
+// gateCheck is gate.lua (check and regain): nil when the gate has passed.
+func gateCheck(x *run) any {
+	g, _ := num(x.arg("gate", 1))
+	return gate(x.st, g, x.key("gate", 1), x.key("gate", 2))
+}
+
+// recordCheck is record.lua's check.
+func recordCheck(x *run) any {
+	rk := x.key("record", 1)
+	if v, ok := x.st.Get(rk); ok && tok(v) != x.tok {
+		return []any{int64(0), v, x.st.PTTL(rk), int64(0)}
+	}
+	return nil
+}
+
+// recordGranted is record.lua's granted.
+func recordGranted(x *run) {
+	px, _ := num(x.arg("record", 1))
+	x.st.Set(x.key("record", 1), x.value, px, false)
+}
+
+// markCheck is highwater.lua's check.
+func markCheck(x *run) any {
+	mk := x.key("mark", 1)
+	m, ok := hmget(x.st, mk, "m", "v")
+	hw, _ := num(x.arg("mark", 1))
+	if mv, _ := num(m[0]); ok[0] && tok(m[1]) != x.tok && mv >= hw {
+		return []any{int64(0), m[1], x.st.PTTL(mk), int64(-1), mv}
+	}
+	return nil
+}
+
+// markGranted is highwater.lua's granted.
+func markGranted(x *run, reply []any) {
+	mk := x.key("mark", 1)
+	m, ok := hmget(x.st, mk, "m", "v", "pm")
+	at := x.lay.Reply("mark")
+	if ok[0] && tok(m[1]) == x.tok {
+		reply[at], _ = num(m[2])
+	} else {
+		reply[at], _ = num(m[0])
+		x.st.HSet(mk, "m", x.arg("mark", 1))
+		x.st.HSet(mk, "v", x.value)
+		x.st.HSet(mk, "pm", m[0]) // '' when there was none
+		x.st.HSet(mk, "pv", m[1])
+	}
+	mttl, _ := num(x.arg("mark", 2))
+	x.st.PExpire(mk, mttl)
+}
+
+// wakeRefused is wake.lua's refused: mark the holder's key.
+func wakeRefused(x *run, i int, v string) {
+	if len(v) > 32 {
+		switch v[32] {
+		case '-':
+			x.st.SetRange1(x.keys[i], 32, '_')
+		case 'T':
+			x.st.SetRange1(x.keys[i], 32, 't')
+		}
+	}
+}
+
+// reentrantHolds is reentrant.lua's granted and extended.
+func reentrantHolds(x *run) {
+	for i := 1; i <= x.n; i++ {
+		h := x.key("reentrant", i)
+		x.st.HSet(h, x.arg("reentrant", 1), "1")
+		if x.st.PTTL(h) < x.ttl {
+			x.st.PExpire(h, x.ttl)
+		}
+	}
+}
+
+// fencingGranted is fencing.lua's granted.
+func fencingGranted(x *run, reply []any, mine int) {
 	largest := int64(0)
-	for i := nk; i < nk+n; i++ {
-		if c := numOr0(st.Get(keys[i])); c > largest {
+	for i := 1; i <= x.n; i++ {
+		if c := numOr0(x.st.Get(x.key("fencing", i))); c > largest {
 			largest = c
 		}
 	}
-	sec, usec := st.Time()
-	token := max(largest+1, sec*1000000+usec)
-	if aid != "" && mine == n {
-		if kept, ok := st.HGet(keys[n], "_t"); ok {
-			k, _ := num(kept)
-			return []any{int64(1), token, largest, k, before}
+	sec, usec := x.st.Time()
+	at := x.lay.Reply("fencing")
+	reply[at], reply[at+1], reply[at+2] = max(largest+1, sec*1000000+usec), largest, int64(0)
+	if x.has("reentrant") && mine == x.n {
+		if kept, ok := x.st.HGet(x.key("reentrant", 1), "_t"); ok {
+			reply[at+2], _ = num(kept)
 		}
 	}
-	return []any{int64(1), token, largest, int64(0), before}
 }
 
-// Extend is scripts/extend.lua.
-func Extend(st *Store, keys, argv []string) any {
-	t := tok(argv[0])
-	ttl, _ := num(argv[1])
-	reentrant := argv[2] == "1"
-	gated := argv[4] != "0"
-	last := len(keys)
-	if gated {
-		last -= 2
-	}
-	n := last
-	if reentrant {
-		n /= 2
-	}
+// Extend is scripts/extend.lua with the fragments of c's layers.
+func Extend(st *Store, c Call) any {
+	x := c.run(st)
 	missing := false
-	for i := range n {
-		v, ok := st.Get(keys[i])
+	for i := range x.n {
+		v, ok := st.Get(x.keys[i])
 		if !ok {
 			missing = true
-		} else if tok(v) != t {
+		} else if tok(v) != x.tok {
 			return int64(0)
 		}
 	}
-	if missing && gated {
-		g, _ := num(argv[4])
-		if r := gate(st, g, keys[last], keys[last+1]); r != nil {
+	if missing && x.has("gate") {
+		if r := gateCheck(x); r != nil {
 			return r
 		}
 	}
-	for i := range n {
-		raise(st, keys[i], argv[0], ttl)
-		if reentrant {
-			st.HSet(keys[n+i], argv[3], "1")
-			if st.PTTL(keys[n+i]) < ttl {
-				st.PExpire(keys[n+i], ttl)
-			}
-		}
+	for i := range x.n {
+		raise(st, x.keys[i], x.value, x.ttl)
+	}
+	if x.has("reentrant") {
+		reentrantHolds(x)
 	}
 	if missing {
 		return int64(3)
@@ -287,61 +310,61 @@ func hmget(st *Store, key string, fields ...string) (m [3]string, ok [3]bool) {
 	return m, ok
 }
 
-// Release is scripts/release.lua.
-func Release(st *Store, keys, argv []string) any {
-	t := tok(argv[0])
-	aid := argv[1]
-	n := len(keys)
-	list := ""
-	if _, ok := arg(argv, 5); ok {
-		list = keys[n-1]
-		n--
+// Release is scripts/release.lua with the fragments of c's layers, for
+// a release (c.Script "release") or an undo ("undo").
+func Release(st *Store, c Call) any {
+	x := c.run(st)
+	if x.has("record") {
+		if v, ok := st.Get(x.key("record", 1)); ok && tok(v) == x.tok {
+			st.Del(x.key("record", 1))
+		}
 	}
-	if a, _ := arg(argv, 4); a == "1" {
-		mk := keys[n-1]
-		n--
-		if m, ok := hmget(st, mk, "v", "pm", "pv"); ok[0] && tok(m[0]) == t {
+	if x.has("mark") && c.Script == "undo" {
+		mk := x.key("mark", 1)
+		if m, ok := hmget(st, mk, "v", "pm", "pv"); ok[0] && tok(m[0]) == x.tok {
 			undoMark(st, mk, m, ok)
 		}
 	}
-	if aid != "" {
-		n /= 2
-	}
 	mine := int64(0)
-	for i := range n {
-		v, ok := st.Get(keys[i])
-		if ok && tok(v) == t {
-			mine++
-			last := true
-			if aid != "" {
-				h := keys[n+i]
-				st.HDel(h, aid)
-				_, hasT := st.HGet(h, "_t")
-				tc := int64(0)
-				if hasT {
-					tc = 1
-				}
-				last = st.HLen(h)-tc <= 0
-				if last {
-					st.Del(h)
-				}
-			}
-			if last {
-				st.Del(keys[i])
-				// PUBLISH of a release notice: no state.
-			}
+	for i := range x.n {
+		v, ok := st.Get(x.keys[i])
+		if !ok || tok(v) != x.tok {
+			continue
+		}
+		mine++
+		if !x.has("reentrant") || releaseHold(x, i+1) {
+			st.Del(x.keys[i])
+			// wake.lua's deleted: PUBLISH of a release notice, no state.
 		}
 	}
-	if list != "" {
-		for i := 7; i <= len(argv); i++ {
-			st.LPush(list, argv[i-1])
+	if x.has("log") {
+		list := x.key("log", 1)
+		for j := x.lay.Arg("log") + 3; j <= len(x.argv); j++ {
+			st.LPush(list, x.argv[j-1])
 		}
-		l, _ := num(argv[4])
+		l, _ := num(x.arg("log", 1))
 		st.LTrim(list, int(l))
-		px, _ := num(argv[5])
+		px, _ := num(x.arg("log", 2))
 		st.PExpire(list, px)
 	}
 	return mine
+}
+
+// releaseHold is reentrant.lua's hold: remove this hold of lock key i
+// and report whether it was the last.
+func releaseHold(x *run, i int) bool {
+	h := x.key("reentrant", i)
+	x.st.HDel(h, x.arg("reentrant", 1))
+	_, hasT := x.st.HGet(h, "_t")
+	tc := int64(0)
+	if hasT {
+		tc = 1
+	}
+	last := x.st.HLen(h)-tc <= 0
+	if last {
+		x.st.Del(h)
+	}
+	return last
 }
 
 // Fence is scripts/fence.lua.

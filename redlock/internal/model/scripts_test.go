@@ -28,7 +28,8 @@ func newRedisNode(t *testing.T) *redisNode {
 	t.Helper()
 	s := redlocktest.StartServer(t)
 	n := &redisNode{t: t, rdb: s.Client(t), src: map[string]string{}}
-	for _, name := range []string{"acquire", "extend", "release", "fence", "check", "note", "abandon", "holders"} {
+	for _, name := range []string{"acquire", "extend", "release", "fence", "check", "note", "abandon", "holders",
+		"reentrant", "fencing", "gate", "record", "highwater", "wake", "releaselog"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "scripts", name+".lua"))
 		if err != nil {
 			t.Fatal(err)
@@ -52,7 +53,11 @@ func (n *redisNode) run(c Call) any {
 	for i, a := range c.Argv {
 		argv[i] = a
 	}
-	v, err := n.rdb.Eval(context.Background(), n.src[c.Script], c.Keys, argv...).Result()
+	src := n.src[c.Script]
+	if k, ok := kinds[c.Script]; ok { // a template with the call's layers
+		src = Layout(c.Script, c.Layers, n.src).Assemble(n.src[k.template])
+	}
+	v, err := n.rdb.Eval(context.Background(), src, c.Keys, argv...).Result()
 	if err != nil && err != redis.Nil {
 		n.t.Fatalf("%s on redis: %v", c.Script, err)
 	}
@@ -85,7 +90,10 @@ func (n *redisNode) store() Store {
 		default:
 			n.t.Fatalf("key %q of type %s", k, typ)
 		}
-		if pttl := n.rdb.PTTL(ctx, k).Val(); pttl > 0 {
+		switch pttl := n.rdb.PTTL(ctx, k).Val(); {
+		case pttl == -2: // expired after its value was read
+			continue
+		case pttl > 0:
 			e.Exp = st.Now + pttl.Milliseconds()
 		}
 		st.put(e)
@@ -288,7 +296,7 @@ func (ls *lockstep) restart() {
 func replyKind(script string, r any) string {
 	switch v := r.(type) {
 	case int64:
-		if script == "release" && v > 1 {
+		if (script == "release" || script == "undo") && v > 1 {
 			return "n"
 		}
 		return strconv.FormatInt(v, 10)
@@ -384,7 +392,7 @@ func scenarios(ls *lockstep) {
 	ls.call("mark raised", rec.AcquireCall(b, "", 300))
 	ls.call("undo puts the mark back", rec.ReleaseCall(b, "", true, nil))
 	ls.call("second undo leaves it", rec.ReleaseCall(b, "", true, nil))
-	ls.call("holders", Call{"holders", []string{"s:job", "p:q", "g:r"}, nil})
+	ls.call("holders", Call{Script: "holders", Keys: []string{"s:job", "p:q", "g:r"}})
 	ls.call("abandon of none", rec.AbandonCall("zz"))
 	ls.call("abandon", rec.AbandonCall("ma"))
 }

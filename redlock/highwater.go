@@ -1,0 +1,142 @@
+package redlock
+
+import (
+	"context"
+	_ "embed"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
+)
+
+// The high-water mark (WithHighWater; the scheduler keys each job's
+// scheduled times on one): a hash beside the lock's keys, raised by the
+// acquire script all or nothing with them (scripts/highwater.lua). A mark
+// at or above the acquisition's that another acquisition raised refuses
+// the round; otherwise the mark is raised, keeping the one before for the
+// undo of a failed attempt, which puts it back. The granted Lock reports
+// the highest mark it replaced (PreviousMark).
+
+//go:embed scripts/highwater.lua
+var highWaterSrc string
+
+var highWaterPart = script.Part{Name: "mark", Fixed: 1, Args: 2, Reply: 1, Hooks: script.Parse(highWaterSrc)}
+
+// highWater is the layer of a Lock acquired with WithHighWater.
+type highWater struct {
+	baseLayer
+	name string // the mark's resource name
+	key  string
+	at   string
+	ttl  int64 // ms
+	prev int64 // the highest mark replaced, once held; guarded by the Lock's mu
+}
+
+func newHighWater(c *Client, cfg *lockConfig, resources []string, _ bool) (layer, error) {
+	switch {
+	case cfg.mark == "" && cfg.markAt == 0 && cfg.markTTL == 0:
+		return nil, nil
+	case cfg.markAt <= 0:
+		return nil, invalidf("mark %d (WithHighWater) is not positive", cfg.markAt)
+	case cfg.markTTL < time.Millisecond:
+		return nil, invalidf("mark TTL %v (WithHighWater) is below 1ms", cfg.markTTL)
+	}
+	taken := resources
+	if cfg.record != "" {
+		taken = append(slices.Clip(resources), cfg.record)
+	}
+	if err := checkAddedKey("WithHighWater", "mark", cfg.mark, taken, cfg.owner); err != nil {
+		return nil, err
+	}
+	return &highWater{name: cfg.mark, key: c.cfg.keyPrefix + cfg.mark, at: strconv.FormatInt(cfg.markAt, 10),
+		ttl: cfg.markTTL.Milliseconds()}, nil
+}
+
+func (*highWater) part() script.Part { return highWaterPart }
+
+func (h *highWater) keys([]string) []string { return []string{h.key} }
+
+// args passes the mark and its TTL.
+func (h *highWater) args(scriptKind, *attempt) []any { return []any{h.at, h.ttl} }
+
+// refusal reads {0, value, PTTL, -1, mark}: refused by the mark.
+func (h *highWater) refusal(_ *Lock, v []any) (NodeResult, bool) {
+	if len(v) != 5 || !allInts(v[2:]) || intAt(v, 3) != -1 {
+		return NodeResult{}, false
+	}
+	holder, isString := v[1].(string)
+	r := refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, h.name)
+	r.HolderMark = intAt(v, 4)
+	return r, isString
+}
+
+// granted gives the Lock the highest mark that the granting nodes
+// replaced.
+func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _ call, rs []NodeResult) *QuorumError {
+	l := a.l
+	at := lay.Reply("mark")
+	var m int64
+	for _, r := range rs {
+		if r.Outcome == OutcomeOK {
+			m = max(m, intAt(r.reply, at))
+		}
+	}
+	l.mu.Lock()
+	h.prev = m
+	l.mu.Unlock()
+	return nil
+}
+
+// PreviousMark returns, for a Lock acquired with WithHighWater, the
+// highest mark that its acquisition replaced on the nodes that granted it
+// (0: none), read once held; 0 for any other Lock. Safe for concurrent
+// use.
+func (l *Lock) PreviousMark() int64 {
+	if l == nil {
+		return 0
+	}
+	for _, y := range l.layers {
+		if h, ok := y.(*highWater); ok {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return h.prev
+		}
+	}
+	return 0
+}
+
+// WithHighWater makes the acquisition also raise a high-water mark kept
+// under the resource name record: on each node, in the same script and
+// all or nothing with the lock's keys, a mark at or above at that another
+// acquisition raised refuses the round (checked after a WithRecord record
+// and before the lock's keys; the refused NodeResult's Resource names the
+// record and its HolderMark gives the mark), and otherwise the mark is set
+// to at, with this acquisition's value (its metadata is what a refused
+// round's Holder shows), for ttl from now. The mark before is kept for an
+// undo: a failed attempt puts it back where it raised it. A granted Lock
+// reports the highest mark it replaced (Lock.PreviousMark). A mark is
+// never lowered, extended or deleted by Release; it expires ttl after its
+// last raise. The scheduler keys each job's scheduled times on one.
+//
+// at must be positive; ttl at least 1 ms. ttl is a retention, not a lock
+// TTL: it may exceed the restart gate (WithRestartGating), and a node that
+// restarts empty forgets its marks, so a mark keeps a later acquisition at
+// or below it out only while a quorum of nodes still has it: the caller
+// bounds how late such an acquisition may come by the gate's maxTTL. The
+// record obeys the rules of a resource name, must not be one of the lock's
+// resources or its WithRecord record, and cannot be combined with
+// WithOwner; a call that breaks a rule fails with ErrInvalidArgument, and
+// New rejects WithHighWater altogether. Default: no mark.
+func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
+	return lockOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
+}
+
+// checkMarkNotInNew rejects WithHighWater given to New: it names one
+// acquisition's mark.
+func checkMarkNotInNew(cfg *config) error {
+	if cfg.lock.mark != "" || cfg.lock.markAt != 0 || cfg.lock.markTTL != 0 {
+		return invalidf("WithHighWater was given to New: it names one acquisition's mark, so pass it to Acquire or TryAcquire")
+	}
+	return nil
+}

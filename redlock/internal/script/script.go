@@ -1,0 +1,230 @@
+// Package script assembles redlock's Lua scripts from a core template and
+// the fragments of the layers a lock uses, and owns the layout of their
+// KEYS, ARGV and replies: where each layer's keys, arguments and reply
+// elements are. Both the client (package redlock) and the model
+// (redlock/internal/model) read every offset from a Layout, and the
+// scripts read them from the table the Layout writes at their head, so
+// that no offset is computed anywhere else.
+//
+// A template is a Lua script with hook lines, "--@ <hook>", where the
+// fragments of that hook go, in the order of the layers, each in its own
+// do ... end block (so a fragment's locals stay its own), and one line
+// "--@ layout" where the layout's tables go:
+//
+//	local K = {holds = n, gate = 2 * n}   -- KEYS[K.<layer> + j]: the layer's j-th key
+//	local A = {holds = 4, gate = 5}       -- ARGV[A.<layer> + j]: its (j+1)-th argument
+//	local R = {fencing = 2}               -- reply[R.<layer> + j]: its (j+1)-th reply element
+//
+// where n, the number of the lock's resources, is a local of the
+// template. A fragment file holds sections, each introduced by a line
+// "--@ <hook> [<hook>...]" (one section may serve several hooks); the
+// text before the first section is its header comment.
+package script
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Part is one layer's share of a script: its name (the key of its
+// entries in K, A and R), its keys (PerKey per resource, then Fixed
+// more), how many arguments it passes, how many reply elements it sets,
+// and its Lua, by hook.
+type Part struct {
+	Name   string
+	PerKey int // keys per resource (Layout.Key)
+	Fixed  int // keys after the per-resource ones
+	Args   int // arguments; -1: all the remaining ones (the last part only)
+	Reply  int // reply elements
+	Hooks  map[string]string
+}
+
+// Parse splits a fragment file into its sections by hook.
+func Parse(src string) map[string]string {
+	hooks := map[string]string{}
+	var names []string
+	var body strings.Builder
+	flush := func() {
+		for _, h := range names {
+			hooks[h] = strings.TrimRight(body.String(), "\n")
+		}
+		body.Reset()
+	}
+	for line := range strings.Lines(src) {
+		if rest, ok := strings.CutPrefix(line, "--@ "); ok {
+			flush()
+			names = strings.Fields(rest)
+			continue
+		}
+		if names != nil {
+			body.WriteString(line)
+		}
+	}
+	flush()
+	return hooks
+}
+
+// Layout places the parts of one script after the core's keys (n lock
+// keys) and arguments (coreArgs). Parts that have no section for any of
+// the script's hooks are not in the script: they have no keys, no
+// arguments and no reply elements there.
+type Layout struct {
+	parts    []Part
+	coreArgs int
+	coreRepl int
+	key      map[string][2]int // name -> offset a*n + b (a per-resource multiplier)
+	arg      map[string]int    // name -> ARGV offset (A.name + 1 is its first)
+	reply    map[string]int    // name -> reply offset (R.name + 1 is its first)
+}
+
+// New lays out parts for a script of hooks, after coreArgs arguments and
+// coreReply reply elements of the core.
+func New(hooks []string, coreArgs, coreReply int, parts ...Part) *Layout {
+	l := &Layout{coreArgs: coreArgs, coreRepl: coreReply, key: map[string][2]int{}, arg: map[string]int{}, reply: map[string]int{}}
+	perKey, fixed, args, reply := 1, 0, coreArgs, coreReply
+	for _, p := range parts {
+		if !p.In(hooks) {
+			continue
+		}
+		if _, dup := l.key[p.Name]; dup {
+			panic("script: two parts named " + p.Name)
+		}
+		l.parts = append(l.parts, p)
+		l.key[p.Name] = [2]int{perKey, fixed}
+		perKey, fixed = perKey+p.PerKey, fixed+p.Fixed
+		l.arg[p.Name], l.reply[p.Name] = args, reply
+		args, reply = args+max(p.Args, 0), reply+p.Reply
+	}
+	return l
+}
+
+// In reports whether p takes part in a script of hooks: it has a
+// section for one of them.
+func (p Part) In(hooks []string) bool {
+	for _, h := range hooks {
+		if _, ok := p.Hooks[h]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Replies returns the number of reply elements: the core's and every
+// part's.
+func (l *Layout) Replies() int {
+	n := l.coreRepl
+	for _, p := range l.parts {
+		n += p.Reply
+	}
+	return n
+}
+
+// Parts returns the names of the parts in the script, in order.
+func (l *Layout) Parts() []string {
+	names := make([]string, len(l.parts))
+	for i, p := range l.parts {
+		names[i] = p.Name
+	}
+	return names
+}
+
+// Has reports whether part name is in the script.
+func (l *Layout) Has(name string) bool {
+	_, ok := l.key[name]
+	return ok
+}
+
+// Key returns the 0-based index in KEYS of the j-th (0-based) key of part
+// name for a lock of n resources: its per-resource keys first (resource
+// i's is j = i), then its fixed keys (j = PerKey*n + k). -1 when the part
+// is not in the script.
+func (l *Layout) Key(name string, n, j int) int {
+	o, ok := l.key[name]
+	if !ok {
+		return -1
+	}
+	return o[0]*n + o[1] + j
+}
+
+// Arg returns the 0-based index in ARGV of part name's first argument,
+// or -1 when the part is not in the script.
+func (l *Layout) Arg(name string) int {
+	a, ok := l.arg[name]
+	if !ok {
+		return -1
+	}
+	return a
+}
+
+// Reply returns the 0-based index in the reply of part name's first
+// element, or -1 when the part is not in the script.
+func (l *Layout) Reply(name string) int {
+	r, ok := l.reply[name]
+	if !ok {
+		return -1
+	}
+	return r
+}
+
+// Assemble returns template with the layout's tables at "--@ layout" and
+// the parts' sections at each hook.
+func (l *Layout) Assemble(template string) string {
+	var out strings.Builder
+	for line := range strings.Lines(template) {
+		hook, ok := strings.CutPrefix(strings.TrimSpace(line), "--@ ")
+		if !ok {
+			out.WriteString(line)
+			continue
+		}
+		indent := line[:len(line)-len(strings.TrimLeft(line, " "))]
+		if hook == "layout" {
+			out.WriteString(l.tables())
+			continue
+		}
+		for _, p := range l.parts {
+			if src, ok := p.Hooks[hook]; ok {
+				fmt.Fprintf(&out, "%sdo -- %s\n", indent, p.Name)
+				for s := range strings.Lines(src + "\n") {
+					if strings.TrimSpace(s) == "" {
+						out.WriteString("\n")
+					} else {
+						out.WriteString(indent + "  " + s)
+					}
+				}
+				fmt.Fprintf(&out, "%send\n", indent)
+			}
+		}
+	}
+	return out.String()
+}
+
+// tables renders K, A and R.
+func (l *Layout) tables() string {
+	var k, a, r []string
+	for _, p := range l.parts {
+		o := l.key[p.Name]
+		k = append(k, fmt.Sprintf("%s = %s", p.Name, offset(o[0], o[1])))
+		a = append(a, fmt.Sprintf("%s = %d", p.Name, l.arg[p.Name]))
+		r = append(r, fmt.Sprintf("%s = %d", p.Name, l.reply[p.Name]))
+	}
+	return "local K = {" + strings.Join(k, ", ") + "}\n" +
+		"local A = {" + strings.Join(a, ", ") + "}\n" +
+		"local R = {" + strings.Join(r, ", ") + "}\n"
+}
+
+// offset renders a*n + b in Lua.
+func offset(a, b int) string {
+	var s string
+	switch a {
+	case 0:
+		return fmt.Sprint(b)
+	case 1:
+		s = "n"
+	default:
+		s = fmt.Sprintf("%d * n", a)
+	}
+	if b > 0 {
+		s += fmt.Sprintf(" + %d", b)
+	}
+	return s
+}

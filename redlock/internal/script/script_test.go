@@ -1,0 +1,62 @@
+package script
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestLayout: parts take the keys, arguments and reply elements after
+// the core's, in order; a part without a section for the script's hooks
+// is not in it.
+func TestLayout(t *testing.T) {
+	holds := Part{Name: "holds", PerKey: 1, Args: 1, Hooks: map[string]string{"granted": "x"}}
+	gate := Part{Name: "gate", Fixed: 2, Args: 1, Hooks: map[string]string{"check": "y"}}
+	mark := Part{Name: "mark", Fixed: 1, Args: 2, Reply: 1, Hooks: map[string]string{"granted": "z"}}
+	other := Part{Name: "other", Fixed: 5, Args: 5, Reply: 5, Hooks: map[string]string{"released": "w"}}
+	l := New([]string{"check", "granted"}, 3, 1, holds, other, gate, mark)
+	const n = 2 // resources: lock keys 0 and 1
+	for _, tc := range []struct {
+		what      string
+		got, want int
+	}{
+		{"holds of resource 0", l.Key("holds", n, 0), 2},
+		{"holds of resource 1", l.Key("holds", n, 1), 3},
+		{"gate's first key", l.Key("gate", n, 0), 4},
+		{"gate's second key", l.Key("gate", n, 1), 5},
+		{"mark's key", l.Key("mark", n, 0), 6},
+		{"other's key (not in the script)", l.Key("other", n, 0), -1},
+		{"holds' argument", l.Arg("holds"), 3},
+		{"gate's argument", l.Arg("gate"), 4},
+		{"mark's arguments", l.Arg("mark"), 5},
+		{"mark's reply", l.Reply("mark"), 1},
+		{"reply length", l.Replies(), 2},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: got %d, want %d", tc.what, tc.got, tc.want)
+		}
+	}
+	if got, want := strings.Join(l.Parts(), " "), "holds gate mark"; got != want {
+		t.Errorf("parts %q, want %q", got, want)
+	}
+}
+
+// TestAssemble: the tables go at the layout line, each part's sections
+// at their hooks in order, each in its own block; a section may serve
+// several hooks.
+func TestAssemble(t *testing.T) {
+	frag := Parse("-- header\n--@ check granted\nlocal a = K.p\n")
+	if frag["check"] != "local a = K.p" || frag["granted"] != "local a = K.p" {
+		t.Fatalf("Parse = %q", frag)
+	}
+	l := New([]string{"check", "granted"}, 3, 1,
+		Part{Name: "p", PerKey: 1, Args: 1, Reply: 1, Hooks: frag},
+		Part{Name: "q", Fixed: 1, Hooks: map[string]string{"granted": "f()"}})
+	got := l.Assemble("local n = 2\n--@ layout\n--@ check\nif x then\n  --@ granted\nend\n")
+	want := "local n = 2\n" +
+		"local K = {p = n, q = 2 * n}\nlocal A = {p = 3, q = 4}\nlocal R = {p = 1, q = 2}\n" +
+		"do -- p\n  local a = K.p\nend\n" +
+		"if x then\n  do -- p\n    local a = K.p\n  end\n  do -- q\n    f()\n  end\nend\n"
+	if got != want {
+		t.Errorf("Assemble:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -1,0 +1,215 @@
+package redlock
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/schedlock/schedlock/redlock/internal/node"
+	"github.com/schedlock/schedlock/redlock/internal/script"
+)
+
+// The seam. A layer adds one feature to a lock's rounds: fencing,
+// reentrancy, restart gating, wake on release, the scheduler's records
+// (a record, a high-water mark, a release log). The core (acquire.go,
+// lock.go, round.go) calls the layers at fixed points and never asks
+// which layers there are:
+//
+//   - In the scripts: each layer's Lua fragment (scripts/<layer>.lua)
+//     goes into the core's templates at their hooks (internal/script);
+//     its keys follow the lock keys and its arguments the core's, where
+//     the layout puts them. The acquire template is the redis.io step,
+//     SET NX PX per key with the undo of a partial grant; its hooks are
+//     check (before anything is set: may refuse), refused (a key of
+//     another's refused), granted (every key set: may add reply
+//     elements). Extend's are regain (before a missing key is set
+//     again: may refuse) and extended; release's are hold (may keep a
+//     key that other holds use), deleted and released; an undo's are
+//     undo and hold.
+//   - In Go: begin (an attempt's owner token and acquisition ID),
+//     refusal (reads a refusal of its own in an acquire reply), granted
+//     (after a quorum granted, before the validity: more rounds, values
+//     for the Lock), released (after a quorum released).
+//
+// Layers are chosen once per Lock, from the options, in the order of
+// registry, which is the order of their keys, arguments, reply elements
+// and hooks in every script. A new feature is one file with its layer
+// (and its fragment beside it), plus a line in registry.
+type layer interface {
+	// part is the layer's static share of the scripts: its name, the
+	// shape of its keys, its argument and reply counts and its Lua by hook.
+	part() script.Part
+	// keys returns its keys for a lock with lock keys lockKeys: PerKey per
+	// resource (all of the first kind for every resource, then the next),
+	// then Fixed more.
+	keys(lockKeys []string) []string
+	// args returns its arguments in script k (Part.Args of them, or any
+	// number for Args -1).
+	args(k scriptKind, a *attempt) []any
+	// begin sets up an attempt: a reentrant owner's token and its
+	// acquisition ID.
+	begin(a *attempt)
+	// refusal reads v, an acquire reply {0, ...} that the core does not
+	// read (a refusal by the layer's own keys); false when v is not one.
+	refusal(l *Lock, v []any) (NodeResult, bool)
+	// granted runs after a quorum granted attempt a (rs: the replies to
+	// k, laid out by lay) and before the validity is checked; an error
+	// fails the attempt, which is then undone.
+	granted(ctx context.Context, a *attempt, lay *script.Layout, k call, rs []NodeResult) *QuorumError
+	// released runs after a quorum released the lock; args are the
+	// layer's arguments of that release.
+	released(l *Lock, args []any)
+}
+
+// registry makes the layers of one Lock from its options, in order; each
+// returns nil when its feature is off for the Lock. retrying says that
+// the Lock is Acquire's (which retries and waits for release notices),
+// not TryAcquire's.
+var registry = []func(c *Client, cfg *lockConfig, resources []string, retrying bool) (layer, error){
+	newReentrant,
+	newFencing,
+	newGating,
+	newRecord,
+	newHighWater,
+	newWakeMark,
+	newWakeNotice,
+}
+
+// clientChecks validate the features' options at New, and callChecks
+// those a call may also be given (at New, for its LockOptions, too), each
+// naming the bad value; each check is in its feature's file.
+var (
+	clientChecks = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
+	callChecks   = []func(cfg *lockConfig) error{checkOwner}
+)
+
+// baseLayer gives a layer the defaults of the methods it does not need.
+type baseLayer struct{}
+
+func (baseLayer) keys([]string) []string                  { return nil }
+func (baseLayer) args(scriptKind, *attempt) []any         { return nil }
+func (baseLayer) begin(*attempt)                          {}
+func (baseLayer) refusal(*Lock, []any) (NodeResult, bool) { return NodeResult{}, false }
+func (baseLayer) granted(context.Context, *attempt, *script.Layout, call, []NodeResult) *QuorumError {
+	return nil
+}
+func (baseLayer) released(*Lock, []any) {}
+
+// perKey returns lockKeys, each with suffix: a key per resource.
+func perKey(lockKeys []string, suffix string) []string {
+	keys := make([]string, len(lockKeys))
+	for i, k := range lockKeys {
+		keys[i] = k + suffix
+	}
+	return keys
+}
+
+// attempt is one acquisition attempt: its value and acquisition ID, which
+// its extensions and release use too once it holds the lock.
+type attempt struct {
+	l     *Lock
+	token string // the owner token: new per attempt unless a layer keeps one
+	aid   string // the acquisition ID, or "" (a reentrant hold's)
+	value string
+	// notify says that the call is a Release, which wakes the waiters
+	// of the lock (not an undo, nor the cleanup of a lost extension).
+	notify bool
+}
+
+// scriptKind names a script built from a core template and layers.
+type scriptKind int
+
+const (
+	kindAcquire scriptKind = iota
+	kindExtend
+	kindRelease
+	kindUndo
+)
+
+// templates are the core's scripts: source, hooks, and the number of the
+// core's own arguments and reply elements.
+var templates = [...]struct {
+	src           *string
+	hooks         []string
+	args, replies int
+}{
+	kindAcquire: {&acquireSrc, []string{"check", "refused", "granted"}, 3, 1},
+	kindExtend:  {&extendSrc, []string{"regain", "extended"}, 3, 0},
+	kindRelease: {&releaseSrc, []string{"hold", "deleted", "released"}, 2, 0},
+	kindUndo:    {&releaseSrc, []string{"undo", "hold"}, 2, 0},
+}
+
+// assembled is one script for one combination of layers.
+type assembled struct {
+	layout *script.Layout
+	script *node.Script
+	in     []bool // per layer of the combination: in the script
+}
+
+// scriptCache holds the assembled scripts by kind and layer names: a
+// handful per process.
+var scriptCache sync.Map
+
+// assemble returns script k for layers, assembling it once per
+// combination.
+func assemble(k scriptKind, layers []layer) *assembled {
+	var id strings.Builder
+	id.WriteByte(byte('0' + k))
+	for _, y := range layers {
+		fmt.Fprintf(&id, " %T", y) // a layer's type: two may share a part name (wake.go)
+	}
+	if v, ok := scriptCache.Load(id.String()); ok {
+		return v.(*assembled)
+	}
+	t := templates[k]
+	parts := make([]script.Part, len(layers))
+	for i, y := range layers {
+		parts[i] = y.part()
+	}
+	lay := script.New(t.hooks, t.args, t.replies, parts...)
+	a := &assembled{layout: lay, script: node.NewScript(lay.Assemble(*t.src)), in: make([]bool, len(layers))}
+	for i := range layers {
+		a.in[i] = parts[i].In(t.hooks)
+	}
+	v, _ := scriptCache.LoadOrStore(id.String(), a)
+	return v.(*assembled)
+}
+
+// layerCall is a script's call with what its layers need afterwards.
+type layerCall struct {
+	call
+	layout *script.Layout
+	in     []layer // the layers in the script, in order
+	largs  [][]any // each one's arguments
+}
+
+// scriptCall returns the call of script k for attempt a of l, with the
+// extra layers (a Release's log) after l's; coreArgs are the core's
+// arguments.
+func (l *Lock) scriptCall(k scriptKind, op string, a *attempt, parse func(*redis.Cmd) NodeResult, coreArgs []any, extra ...layer) layerCall {
+	layers, s := l.layers, l.scripts[k].Load()
+	if len(extra) > 0 {
+		layers, s = append(layers[:len(layers):len(layers)], extra...), nil
+	}
+	if s == nil {
+		s = assemble(k, layers)
+		if len(extra) == 0 {
+			l.scripts[k].Store(s)
+		}
+	}
+	lc := layerCall{call: call{op: op, timeout: l.cfg.nodeTimeout, script: s.script, keys: l.keys[:l.n:l.n],
+		args: coreArgs, parse: parse}, layout: s.layout}
+	for i, y := range layers {
+		if !s.in[i] {
+			continue
+		}
+		args := y.args(k, a)
+		lc.in, lc.largs = append(lc.in, y), append(lc.largs, args)
+		lc.keys = append(lc.keys, y.keys(l.keys[:l.n])...)
+		lc.call.args = append(lc.call.args, args...)
+	}
+	return lc
+}

@@ -1,0 +1,104 @@
+package redlock
+
+import (
+	_ "embed"
+	"slices"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
+)
+
+// The record of an acquisition (WithRecord; the scheduler's tick
+// records): a key beside the lock's, written by the acquire script all
+// or nothing with them (scripts/record.lua). Another acquisition's record
+// refuses the round like a held key, before the lock's keys; the record
+// is never extended or released, and outlives the lock until its own TTL
+// ends; the undo of a failed attempt deletes it.
+
+//go:embed scripts/record.lua
+var recordSrc string
+
+var recordPart = script.Part{Name: "record", Fixed: 1, Args: 1, Hooks: script.Parse(recordSrc)}
+
+// record is the layer of a Lock acquired with WithRecord.
+type record struct {
+	baseLayer
+	name string // the record's resource name
+	key  string
+	ttl  int64 // ms
+}
+
+func newRecord(c *Client, cfg *lockConfig, resources []string, _ bool) (layer, error) {
+	if cfg.record == "" && cfg.recordTTL == 0 {
+		return nil, nil
+	}
+	if err := checkAddedKey("WithRecord", "record", cfg.record, resources, cfg.owner); err != nil {
+		return nil, err
+	}
+	if p := c.ttlProblem(cfg.recordTTL); p != "" {
+		return nil, invalidf("record %s (WithRecord): %s", quoteName(cfg.record), p)
+	}
+	return &record{name: cfg.record, key: c.cfg.keyPrefix + cfg.record, ttl: cfg.recordTTL.Truncate(time.Millisecond).Milliseconds()}, nil
+}
+
+func (*record) part() script.Part { return recordPart }
+
+func (r *record) keys([]string) []string { return []string{r.key} }
+
+// args passes the record's TTL.
+func (r *record) args(scriptKind, *attempt) []any { return []any{r.ttl} }
+
+// refusal reads {0, holder's value, PTTL, 0}: refused by the record.
+func (r *record) refusal(_ *Lock, v []any) (NodeResult, bool) {
+	if len(v) != 4 || !allInts(v[2:]) || intAt(v, 3) != 0 {
+		return NodeResult{}, false
+	}
+	holder, isString := v[1].(string)
+	return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, r.name), isString
+}
+
+// checkAddedKey validates the name of a key that option adds to an
+// acquisition (a record, a mark): not empty, no NUL byte, not reserved,
+// none of taken (the lock's resources and other added keys), and no
+// reentrant owner.
+func checkAddedKey(option, what, name string, taken []string, owner string) error {
+	switch {
+	case name == "":
+		return invalidf("the %s name (%s) is empty", what, option)
+	case hasNUL(name):
+		return invalidf("%s name %s (%s) contains a NUL byte", what, quoteName(name), option)
+	case name == legacyGateName:
+		return invalidf("%s name %s (%s) is reserved: releases before 0.2 kept the restart gate marker under it", what, quoteName(name), option)
+	case slices.Contains(taken, name):
+		return invalidf("%s name %s (%s) is also a resource of the lock, or its record", what, quoteName(name), option)
+	case owner != "":
+		return invalidf("%s cannot be combined with WithOwner", option)
+	}
+	return nil
+}
+
+// WithRecord makes the acquisition also write a record of itself under
+// the resource name record, with its own TTL: on each node, in the same
+// script and all or nothing with the lock's keys, a record that another
+// acquisition wrote refuses the round like a held key (checked first; the
+// refused NodeResult's Resource names the record), and otherwise the
+// record is set to this acquisition's value for ttl. A record is never
+// extended or released: it outlives the lock until its TTL ends, so that
+// the acquisition is remembered (the scheduler's tick records). A failed
+// attempt deletes its record with its lock keys. The record obeys the
+// rules of a resource name and of a TTL (restart gate included), must not
+// be one of the lock's resources, and cannot be combined with WithOwner:
+// the call rejects one that breaks a rule (ErrInvalidArgument), and New
+// rejects WithRecord altogether. Default: no record.
+func WithRecord(record string, ttl time.Duration) LockOption {
+	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
+}
+
+// checkRecordNotInNew rejects WithRecord given to New: it names one
+// acquisition's record.
+func checkRecordNotInNew(cfg *config) error {
+	if cfg.lock.record != "" || cfg.lock.recordTTL != 0 {
+		return invalidf("WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire")
+	}
+	return nil
+}

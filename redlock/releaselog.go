@@ -1,0 +1,85 @@
+package redlock
+
+import (
+	_ "embed"
+	"strconv"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
+)
+
+// The release log (WithReleaseLog; the scheduler's run records): a list
+// that a Release pushes entries onto in its own script
+// (scripts/releaselog.lua), a layer of that one Release's script.
+
+//go:embed scripts/releaselog.lua
+var releaseLogSrc string
+
+var releaseLogPart = script.Part{Name: "log", Fixed: 1, Args: -1, Hooks: script.Parse(releaseLogSrc)}
+
+// ReleaseOption configures one Release.
+type ReleaseOption interface{ log() *releaseLog }
+
+// releaseLog is WithReleaseLog's list and entries, and the layer of the
+// Release it is given to.
+type releaseLog struct {
+	baseLayer
+	list    string
+	keep    int
+	ttl     time.Duration
+	entries []string
+	key     string // the list's key, set by Release
+}
+
+func (r *releaseLog) log() *releaseLog { return r }
+
+// WithReleaseLog makes a Release also push entries, oldest first, onto the
+// list under the resource name list on each node where its script runs,
+// in that same script: the list keeps its newest keep entries and lives
+// ttl from the push. It is for data that belongs with the release (the
+// scheduler's run record), which it saves a round. A node whose release
+// script could not run has no entry either. list obeys the rules of a
+// resource name; keep must be at least 1, ttl at least 1 ms (Release
+// returns ErrInvalidArgument, with no I/O, otherwise). Default: none.
+func WithReleaseLog(list string, keep int, ttl time.Duration, entries ...string) ReleaseOption {
+	return &releaseLog{list: list, keep: keep, ttl: ttl, entries: entries}
+}
+
+// check validates a release log (nil: none).
+func (r *releaseLog) check() error {
+	switch {
+	case r == nil:
+		return nil
+	case r.list == "" || hasNUL(r.list):
+		return invalidf("release log list %s (WithReleaseLog) is empty or contains a NUL byte", quoteName(r.list))
+	case r.keep < 1:
+		return invalidf("release log length %d (WithReleaseLog) is below 1", r.keep)
+	case r.ttl < time.Millisecond:
+		return invalidf("release log TTL %v (WithReleaseLog) is below 1ms", r.ttl)
+	}
+	return nil
+}
+
+// layers returns the layer of one Release with the key prefix prefix
+// (none for nil).
+func (r *releaseLog) layers(prefix string) []layer {
+	if r == nil {
+		return nil
+	}
+	withKey := *r
+	withKey.key = prefix + r.list
+	return []layer{&withKey}
+}
+
+func (*releaseLog) part() script.Part { return releaseLogPart }
+
+func (r *releaseLog) keys([]string) []string { return []string{r.key} }
+
+// args passes the list's length and TTL, then the entries.
+func (r *releaseLog) args(scriptKind, *attempt) []any {
+	args := []any{strconv.Itoa(r.keep), r.ttl.Milliseconds()}
+	for _, e := range r.entries {
+		args = append(args, e)
+	}
+	return args
+}
