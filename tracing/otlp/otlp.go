@@ -109,36 +109,17 @@ func Setup(ctx context.Context, serviceName string) (shutdown func(context.Conte
 	}
 	var tp *sdktrace.TracerProvider
 	if tracesOn {
-		var exp sdktrace.SpanExporter
-		if tracesProto == protocolGRPC {
-			exp, err = otlptracegrpc.New(ctx)
-		} else {
-			exp, err = otlptracehttp.New(ctx)
+		if tp, err = tracerProvider(ctx, tracesProto, res); err != nil {
+			return nil, err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("otlp: creating the %s trace exporter: %w", tracesProto, err)
-		}
-		// NewTracerProvider reads OTEL_TRACES_SAMPLER and the span limits,
-		// NewBatchSpanProcessor the OTEL_BSP_* variables.
-		tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(exp))
 		stops = append(stops, tp.Shutdown)
 	}
 	var mp *sdkmetric.MeterProvider
 	if metricsOn {
-		var exp sdkmetric.Exporter
-		if metricsProto == protocolGRPC {
-			exp, err = otlpmetricgrpc.New(ctx)
-		} else {
-			exp, err = otlpmetrichttp.New(ctx)
-		}
-		if err != nil {
+		if mp, err = meterProvider(ctx, metricsProto, res); err != nil {
 			_ = shutdown(ctx)
-			return nil, fmt.Errorf("otlp: creating the %s metric exporter: %w", metricsProto, err)
+			return nil, err
 		}
-		// NewPeriodicReader reads OTEL_METRIC_EXPORT_INTERVAL and _TIMEOUT.
-		// The instruments carry their own bucket boundaries
-		// (tracing.DurationBuckets), so no view is needed.
-		mp = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
 		stops = append(stops, mp.Shutdown)
 	}
 
@@ -150,6 +131,41 @@ func Setup(ctx context.Context, serviceName string) (shutdown func(context.Conte
 	}
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return shutdown, nil
+}
+
+// tracerProvider returns a tracer provider that exports over proto.
+// NewTracerProvider reads OTEL_TRACES_SAMPLER and the span limits,
+// NewBatchSpanProcessor the OTEL_BSP_* variables.
+func tracerProvider(ctx context.Context, proto string, res *resource.Resource) (*sdktrace.TracerProvider, error) {
+	var exp sdktrace.SpanExporter
+	var err error
+	if proto == protocolGRPC {
+		exp, err = otlptracegrpc.New(ctx)
+	} else {
+		exp, err = otlptracehttp.New(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("otlp: creating the %s trace exporter: %w", proto, err)
+	}
+	return sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(exp)), nil
+}
+
+// meterProvider returns a meter provider that exports over proto.
+// NewPeriodicReader reads OTEL_METRIC_EXPORT_INTERVAL and _TIMEOUT. The
+// instruments carry their own bucket boundaries (tracing.DurationBuckets),
+// so no view is needed.
+func meterProvider(ctx context.Context, proto string, res *resource.Resource) (*sdkmetric.MeterProvider, error) {
+	var exp sdkmetric.Exporter
+	var err error
+	if proto == protocolGRPC {
+		exp, err = otlpmetricgrpc.New(ctx)
+	} else {
+		exp, err = otlpmetrichttp.New(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("otlp: creating the %s metric exporter: %w", proto, err)
+	}
+	return sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp))), nil
 }
 
 // exporterEnabled reads OTEL_TRACES_EXPORTER or OTEL_METRICS_EXPORTER:
