@@ -53,14 +53,6 @@ func numOr0(s string, ok bool) int64 {
 	return n
 }
 
-// arg returns argv[i] (1-based, as in Lua) and whether it is there.
-func arg(argv []string, i int) (string, bool) {
-	if i > len(argv) {
-		return "", false
-	}
-	return argv[i-1], true
-}
-
 // tok returns string.sub(v, 1, 32): the owner token.
 func tok(v string) string { return v[:min(32, len(v))] }
 
