@@ -271,8 +271,15 @@ func TestReleaseLogWritesBesideTheRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Release(ctx, redlock.WithReleaseLog("log", 0, time.Minute)); !errors.Is(err, redlock.ErrInvalidArgument) {
-		t.Errorf("Release with a log of length 0: %v, want ErrInvalidArgument", err)
+	for name, opts := range map[string][]redlock.ReleaseOption{
+		"a log of length 0":        {redlock.WithReleaseLog("log", 0, time.Minute)},
+		"a log on the lock's key":  {redlock.WithReleaseLog("run", 2, time.Minute, "x")},
+		"a log on a reserved name": {redlock.WithReleaseLog("redlock:restart-gate", 2, time.Minute, "x")},
+		"two logs":                 {redlock.WithReleaseLog("log", 2, time.Minute, "x"), redlock.WithReleaseLog("log2", 2, time.Minute, "y")},
+	} {
+		if err := l.Release(ctx, opts...); !errors.Is(err, redlock.ErrInvalidArgument) {
+			t.Errorf("Release with %s: %v, want ErrInvalidArgument", name, err)
+		}
 	}
 	_ = l.Release(ctx)
 }

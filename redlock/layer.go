@@ -15,8 +15,8 @@ import (
 // The seam. A layer adds one feature to a lock's rounds: fencing,
 // reentrancy, restart gating, wake on release, the scheduler's records
 // (a record, a high-water mark, a release log). The core (acquire.go,
-// lock.go, round.go) calls the layers at fixed points and never asks
-// which layers there are:
+// lock.go, round.go) calls the layers at fixed points (docs/design.md
+// lists the few places where it still knows a feature):
 //
 //   - In the scripts: each layer's Lua fragment (scripts/<layer>.lua)
 //     goes into the core's templates at their hooks (internal/script);

@@ -399,7 +399,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if l == nil {
 		return invalidf("Release called on a nil *Lock")
 	}
-	log, err := releaseOptions(opts)
+	log, err := releaseOptions(opts, l.resources)
 	if err != nil {
 		return err
 	}
@@ -428,16 +428,20 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	return l.releaseErr(rs, prev, until, expires)
 }
 
-// releaseOptions returns the release log of opts, if any.
-func releaseOptions(opts []ReleaseOption) (*releaseLog, error) {
+// releaseOptions returns the release log of opts, if any, for a lock on
+// resources.
+func releaseOptions(opts []ReleaseOption, resources []string) (*releaseLog, error) {
 	var log *releaseLog
 	for i, o := range opts {
-		if o == nil {
+		switch {
+		case o == nil:
 			return nil, invalidf("ReleaseOption %d of %d is nil", i+1, len(opts))
+		case log != nil:
+			return nil, invalidf("more than one release log (WithReleaseLog): one Release takes one")
 		}
 		log = o.log()
 	}
-	return log, log.check()
+	return log, log.check(resources)
 }
 
 // releaseErr returns Release's error for the release round rs of a Lock

@@ -35,23 +35,28 @@ func (r *releaseLog) log() *releaseLog { return r }
 
 // WithReleaseLog makes a Release also push entries, oldest first, onto the
 // list under the resource name list on each node where its script runs,
-// in that same script: the list keeps its newest keep entries and lives
-// ttl from the push. It is for data that belongs with the release (the
-// scheduler's run record), which it saves a round. A node whose release
-// script could not run has no entry either. list obeys the rules of a
-// resource name; keep must be at least 1, ttl at least 1 ms (Release
-// returns ErrInvalidArgument, with no I/O, otherwise). Default: none.
+// in that same script, whether or not that node still held the lock (a
+// Release that returns ErrLockLost still logs): the list keeps its newest
+// keep entries and lives ttl from the push. It is for data that belongs
+// with the release (the scheduler's run record), which it saves a round.
+// A node whose release script could not run has no entry either. list
+// obeys the rules of a resource name and must not be one of the lock's
+// resources; keep must be at least 1, ttl at least 1 ms; one Release
+// takes one log (Release returns ErrInvalidArgument, with no I/O,
+// otherwise). Default: none.
 func WithReleaseLog(list string, keep int, ttl time.Duration, entries ...string) ReleaseOption {
 	return &releaseLog{list: list, keep: keep, ttl: ttl, entries: entries}
 }
 
-// check validates a release log (nil: none).
-func (r *releaseLog) check() error {
-	switch {
-	case r == nil:
+// check validates a release log (nil: none) of a lock on resources.
+func (r *releaseLog) check(resources []string) error {
+	if r == nil {
 		return nil
-	case r.list == "" || hasNUL(r.list):
-		return invalidf("release log list %s (WithReleaseLog) is empty or contains a NUL byte", quoteName(r.list))
+	}
+	if err := checkAddedKey("WithReleaseLog", "release log list", r.list, resources, ""); err != nil {
+		return err
+	}
+	switch {
 	case r.keep < 1:
 		return invalidf("release log length %d (WithReleaseLog) is below 1", r.keep)
 	case r.ttl < time.Millisecond:

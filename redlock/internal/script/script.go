@@ -11,9 +11,9 @@
 // do ... end block (so a fragment's locals stay its own), and one line
 // "--@ layout" where the layout's tables go:
 //
-//	local K = {holds = n, gate = 2 * n}   -- KEYS[K.<layer> + j]: the layer's j-th key
-//	local A = {holds = 4, gate = 5}       -- ARGV[A.<layer> + j]: its (j+1)-th argument
-//	local R = {fencing = 2}               -- reply[R.<layer> + j]: its (j+1)-th reply element
+//	local K = {reentrant = n, gate = 2 * n} -- KEYS[K.<layer> + j]: the layer's j-th key
+//	local A = {reentrant = 4, gate = 5}     -- ARGV[A.<layer> + j]: its (j+1)-th argument
+//	local R = {fencing = 2}                 -- reply[R.<layer> + j]: its (j+1)-th reply element
 //
 // where n, the number of the lock's resources, is a local of the
 // template. A fragment file holds sections, each introduced by a line
