@@ -34,9 +34,10 @@ func (l *Locker) historyKey(job string) string { return l.cfg.prefix + "runs:" +
 // When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
 // StopJobs) ends, take returns an error that matches ctx's cause and never
 // redlock.ErrUnavailable: the nodes did not fail. When the bound ends, it
-// returns the error of the last round that ran to its end, or, when the
-// first round had not ended yet, an error matching redlock.ErrUnavailable:
-// no quorum answered within the bound.
+// returns the error of the round it cut short if a quorum had decided
+// that round, else that of the last round that ran to its end, or, when
+// the first round had not ended yet, an error matching
+// redlock.ErrUnavailable: no quorum answered within the bound.
 func (l *Locker) take(ctx, lctx context.Context, job string, c claim, bound time.Duration) (*redlock.Lock, error) {
 	var final, last error
 	var judged *redlock.QuorumError
@@ -93,7 +94,7 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 // timed out in the burst, and losers send no undo.
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
 	opts := []redlock.LockOption{
-		redlock.WithMetadataFunc(func() string { return l.metadata() }),
+		redlock.WithMetadataFunc(l.metadata),
 		redlock.WithNodeTimeout(max(l.client.NodeTimeout(), bound/2)),
 		redlock.WithRetry(retryPolicy),
 		redlock.WithReleaseNotices(false),
