@@ -295,7 +295,9 @@ func TestStoppedLeadingOncePerLeadership(t *testing.T) {
 	time.Sleep(time.Second)
 	cl[0].Cont(t)
 	cl[1].Cont(t)
-	waitLeader(t, []*candidate{c}, 5*time.Second)
+	// IsLeader turns true before OnStartedLeading runs: wait for the
+	// second leadership's callback, not for IsLeader.
+	waitFor(t, "a second OnStartedLeading", func() bool { return c.started.Load() >= 2 })
 	c.stop()
 	if s, st := c.started.Load(), c.stopped.Load(); s < 2 || s != st {
 		t.Errorf("OnStartedLeading %d times, OnStoppedLeading %d times; want equal, at least 2", s, st)
