@@ -116,17 +116,13 @@ func (f *fencing) setToken(l *Lock, t uint64) {
 // protected resource, which must reject a token lower than the highest it
 // has seen. docs/fencing.md gives the guarantee and its assumptions.
 func (l *Lock) FencingToken() uint64 {
-	if l == nil {
+	f := layerOf[*fencing](l)
+	if f == nil {
 		return 0
 	}
-	for _, y := range l.layers {
-		if f, ok := y.(*fencing); ok {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return f.token
-		}
-	}
-	return 0
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return f.token
 }
 
 // parseCheck reads the check script's {1 or 0, largest counter}; any

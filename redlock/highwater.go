@@ -93,17 +93,13 @@ func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _
 // (0: none), read once held; 0 for any other Lock. Safe for concurrent
 // use.
 func (l *Lock) PreviousMark() int64 {
-	if l == nil {
+	h := layerOf[*highWater](l)
+	if h == nil {
 		return 0
 	}
-	for _, y := range l.layers {
-		if h, ok := y.(*highWater); ok {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return h.prev
-		}
-	}
-	return 0
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return h.prev
 }
 
 // WithHighWater makes the acquisition also raise a high-water mark kept

@@ -213,3 +213,18 @@ func (l *Lock) scriptCall(k scriptKind, op string, a *attempt, parse func(*redis
 	}
 	return lc
 }
+
+// layerOf returns the layer of type T of l (a nil Lock has none), or T's
+// zero value: for the accessors of what a layer learned from a grant.
+func layerOf[T layer](l *Lock) T {
+	var zero T
+	if l == nil {
+		return zero
+	}
+	for _, y := range l.layers {
+		if t, ok := y.(T); ok {
+			return t
+		}
+	}
+	return zero
+}
