@@ -211,11 +211,11 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 	}
 	qerr.refusal = l.cfg.refusalText
 	// Undo on every node that may have granted, also where the answer is
-	// missing or an error (step 5); "held" and "gated" answers set nothing.
+	// missing or an error (step 5); a refusal set nothing.
 	// Why the undo never overtakes its own grant on a node: Client.undo.
 	skip, none := make([]bool, len(rs)), true
 	for i, r := range rs {
-		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated
+		skip[i] = r.refused
 		none = none && skip[i]
 	}
 	if !none { // else every node refused: nothing to undo
@@ -300,9 +300,10 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 
 // parseAcquire returns the reader of the replies to k, l's acquire
 // script, for value: {1, ...} granted, with as many integers as k's
-// layers add; {0, holder's value, PTTL, i} refused by lock key i, or a
-// layer's refusal (refusedBy); {2, ms} gated. Any other reply, nil
-// included, is a faulty node's (badReply).
+// layers add; {0, holder's value, PTTL, i} refused by lock key i; or a
+// reply of one of k's layers (layer.reply: a refusal by its keys, or the
+// node refusing to vote). A refusal set nothing (NodeResult.refused).
+// Any other reply, nil included, is a faulty node's (badReply).
 func parseAcquire(l *Lock, k layerCall, value string) func(*redis.Cmd) NodeResult {
 	size := k.layout.Replies()
 	return func(cmd *redis.Cmd) NodeResult {
@@ -311,28 +312,25 @@ func parseAcquire(l *Lock, k layerCall, value string) func(*redis.Cmd) NodeResul
 		case len(v) == 0 || !allInts(v[:1]):
 		case v[0] == int64(1) && len(v) == size && allInts(v):
 			return NodeResult{Outcome: OutcomeOK, reply: v}
-		case v[0] == int64(2) && len(v) == 2 && allInts(v):
-			return NodeResult{Outcome: OutcomeGated}
-		case v[0] == int64(0):
-			if r, ok := l.refusedBy(k.in, v); ok {
-				return r
+		case v[0] == int64(0) && len(v) == 4 && allInts(v[2:]):
+			holder, isString := v[1].(string)
+			if i := intAt(v, 3); isString && i >= 1 && int(i) <= l.n {
+				return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.resources[i-1])
 			}
+		}
+		if r, ok := layerReply(l, kindAcquire, k.in, cmd.Val()); ok {
+			r.refused = true
+			return r
 		}
 		return badReply("acquire script", cmd.Val())
 	}
 }
 
-// refusedBy reads the acquire script's refusal {0, holder's value, PTTL,
-// i} by lock key i, or one of a layer's in; false when v is none.
-func (l *Lock) refusedBy(in []layer, v []any) (NodeResult, bool) {
-	if len(v) == 4 && allInts(v[2:]) {
-		holder, isString := v[1].(string)
-		if i := intAt(v, 3); isString && i >= 1 && int(i) <= l.n {
-			return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.resources[i-1]), true
-		}
-	}
+// layerReply reads v, a reply to script k that the core does not read,
+// by one of the layers in, in order; false when none reads it.
+func layerReply(l *Lock, k scriptKind, in []layer, v any) (NodeResult, bool) {
 	for _, y := range in {
-		if r, ok := y.refusal(l, v); ok {
+		if r, ok := y.reply(l, k, v); ok {
 			return r, true
 		}
 	}
@@ -369,11 +367,11 @@ func allInts(v []any) bool {
 }
 
 // refusal is the result of resource's key held by the lock value v, whose
-// TTL left is expires (0: unknown).
+// TTL left is expires (0: unknown): a refusal, which set nothing.
 func refusal(v string, expires time.Duration, resource string) NodeResult {
 	tp, md, _ := splitValue(v) // never expose the other owner's token
 	return NodeResult{Outcome: OutcomeHeld, Holder: md, Resource: resource, traceparent: tp, HolderTTL: expires,
-		value: unmarked(v)}
+		value: unmarked(v), refused: true}
 }
 
 // maxSplitDelay bounds the random delay after a split vote; it doubles

@@ -181,10 +181,6 @@ func nodeIdentity(i int, rdb redis.UniversalClient) (id, addr string) {
 // Quorum returns the number of nodes that must agree: N/2+1.
 func (c *Client) Quorum() int { return c.quorum }
 
-// RestartGate returns the restart gate's maxTTL (WithRestartGating), or 0
-// when gating is off.
-func (c *Client) RestartGate() time.Duration { return c.cfg.gate }
-
 // NodeTimeout returns the Client's node timeout (WithNodeTimeout).
 func (c *Client) NodeTimeout() time.Duration { return c.cfg.nodeTimeout }
 
@@ -259,8 +255,8 @@ func (c *Client) validity(start time.Time, ttl time.Duration) time.Duration {
 // CheckTTL returns the error that Acquire, TryAcquire, Do and Extend of
 // this Client return for ttl before any I/O, or nil: a TTL below 1 ms,
 // one that leaves no more than the minimum validity (WithMinValidity)
-// after the clock drift allowance, or one above the restart gate
-// (WithRestartGating). The error matches ErrInvalidArgument and names the
+// after the clock drift allowance, or one above a feature's limit (the
+// restart gate, WithRestartGating). The error matches ErrInvalidArgument and names the
 // limit. Packages built on a Client (scheduler, elector) call it when they
 // are configured, so that a TTL every call would reject is reported once.
 // No I/O; safe for concurrent use.
@@ -289,8 +285,11 @@ func (c *Client) ttlProblem(ttl time.Duration) string {
 			msg += fmt.Sprintf("; use at least %v", least)
 		}
 		return msg
-	case c.cfg.gate > 0 && ms > c.cfg.gate:
-		return fmt.Sprintf("TTL %v is above the restart gate's maximum TTL %v (WithRestartGating)", ttl, c.cfg.gate)
+	}
+	for _, check := range ttlChecks {
+		if p := check(&c.cfg, ttl); p != "" {
+			return p
+		}
 	}
 	return ""
 }

@@ -250,6 +250,7 @@ type NodeResult struct {
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
 	regained    bool   // extend, OutcomeHeld: the missing keys are set again
+	refused     bool   // acquire: the node refused and set nothing (the undo skips it)
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
 	reply       []any  // the script's reply, for the layers (fencing)
 	value       string // holder round: the key's value (never leaves the package)

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	_ "embed"
+	"fmt"
 	"time"
 
 	"github.com/schedlock/schedlock/redlock/internal/script"
@@ -46,6 +47,20 @@ func (g *gating) keys([]string) []string { return g.markers }
 
 func (g *gating) args(scriptKind, *attempt) []any { return []any{g.gate} }
 
+// reply reads the gated reply {2, ms left} to acquire or extend: the
+// node refuses to vote (it set nothing).
+func (*gating) reply(_ *Lock, _ scriptKind, reply any) (NodeResult, bool) {
+	v, _ := reply.([]any)
+	if len(v) != 2 || !allInts(v) || v[0] != int64(2) {
+		return NodeResult{}, false
+	}
+	return NodeResult{Outcome: OutcomeGated}, true
+}
+
+// RestartGate returns the restart gate's maxTTL (WithRestartGating), or 0
+// when gating is off.
+func (c *Client) RestartGate() time.Duration { return c.cfg.gate }
+
 // WithRestartGating enforces the redis.io page's "delayed restarts": a node
 // that has lost its data (restarted without persistence, or flushed) does
 // not vote for any acquisition until maxTTL has passed since it was first
@@ -66,6 +81,15 @@ func (g *gating) args(scriptKind, *attempt) []any { return []any{g.gate} }
 // Default 0: off. New rejects negative values and values below 1 ms.
 func WithRestartGating(maxTTL time.Duration) Option {
 	return clientOption(func(c *config) { c.gate = maxTTL })
+}
+
+// checkGateTTL is a gated Client's limit on every TTL (CheckTTL): at most
+// the gate's maxTTL, in whole milliseconds as the nodes get it.
+func checkGateTTL(cfg *config, ttl time.Duration) string {
+	if cfg.gate > 0 && ttl.Truncate(time.Millisecond) > cfg.gate {
+		return fmt.Sprintf("TTL %v is above the restart gate's maximum TTL %v (WithRestartGating)", ttl, cfg.gate)
+	}
+	return ""
 }
 
 // checkGate validates WithRestartGating.

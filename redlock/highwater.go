@@ -60,9 +60,11 @@ func (h *highWater) keys([]string) []string { return []string{h.key} }
 // args passes the mark and its TTL.
 func (h *highWater) args(scriptKind, *attempt) []any { return []any{h.at, h.ttl} }
 
-// refusal reads {0, value, PTTL, -1, mark}: refused by the mark.
-func (h *highWater) refusal(_ *Lock, v []any) (NodeResult, bool) {
-	if len(v) != 5 || !allInts(v[2:]) || intAt(v, 3) != -1 {
+// reply reads the acquire reply {0, value, PTTL, -1, mark}: refused by
+// the mark.
+func (h *highWater) reply(_ *Lock, k scriptKind, reply any) (NodeResult, bool) {
+	v, _ := reply.([]any)
+	if k != kindAcquire || len(v) != 5 || !allInts(v[2:]) || intAt(v, 3) != -1 {
 		return NodeResult{}, false
 	}
 	holder, isString := v[1].(string)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -30,7 +31,8 @@ import (
 //     key that other holds use), deleted and released; an undo's are
 //     undo and hold.
 //   - In Go: begin (an attempt's owner token and acquisition ID),
-//     refusal (reads a refusal of its own in an acquire reply), granted
+//     reply (reads a reply of its own to acquire or extend: a refusal
+//     by its keys, or gating's {2, ms left}), granted
 //     (after a quorum granted, before the validity: more rounds, values
 //     for the Lock), released (after a quorum released).
 //
@@ -52,9 +54,13 @@ type layer interface {
 	// begin sets up an attempt: a reentrant owner's token and its
 	// acquisition ID.
 	begin(a *attempt)
-	// refusal reads v, an acquire reply {0, ...} that the core does not
-	// read (a refusal by the layer's own keys); false when v is not one.
-	refusal(l *Lock, v []any) (NodeResult, bool)
+	// reply reads v, a reply to script k (acquire or extend) that the
+	// core does not read: the core reads {1, ...} granted and {0,
+	// holder's value, PTTL, i} refused by lock key i >= 1 (acquire), and
+	// 0, 1 and 3 (extend); a layer reads what its own fragment returns
+	// (a refusal by its keys, gating's {2, ms left}). False when v is not
+	// one of the layer's.
+	reply(l *Lock, k scriptKind, v any) (NodeResult, bool)
 	// granted runs after a quorum granted attempt a (rs: the replies to
 	// k, laid out by lay) and before the validity is checked; an error
 	// fails the attempt, which is then undone.
@@ -80,19 +86,22 @@ var registry = []func(c *Client, cfg *lockConfig, resources []string, retrying b
 
 // clientChecks validate the features' options at New, and callChecks
 // those a call may also be given (at New, for its LockOptions, too), each
-// naming the bad value; each check is in its feature's file.
+// naming the bad value; ttlChecks are the features' limits on every TTL
+// of a Client (CheckTTL: ttl as given, "" when it is within the limit).
+// Each check is in its feature's file.
 var (
 	clientChecks = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
 	callChecks   = []func(cfg *lockConfig) error{checkOwner}
+	ttlChecks    = []func(cfg *config, ttl time.Duration) string{checkGateTTL}
 )
 
 // baseLayer gives a layer the defaults of the methods it does not need.
 type baseLayer struct{}
 
-func (baseLayer) keys([]string) []string                  { return nil }
-func (baseLayer) args(scriptKind, *attempt) []any         { return nil }
-func (baseLayer) begin(*attempt)                          {}
-func (baseLayer) refusal(*Lock, []any) (NodeResult, bool) { return NodeResult{}, false }
+func (baseLayer) keys([]string) []string                          { return nil }
+func (baseLayer) args(scriptKind, *attempt) []any                 { return nil }
+func (baseLayer) begin(*attempt)                                  {}
+func (baseLayer) reply(*Lock, scriptKind, any) (NodeResult, bool) { return NodeResult{}, false }
 func (baseLayer) granted(context.Context, *attempt, *script.Layout, call, []NodeResult) *QuorumError {
 	return nil
 }

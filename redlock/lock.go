@@ -305,7 +305,8 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	l.expires = later(l.keysExpireLocked(), start.Add(ttl+l.nodeTimeout()))
 	l.mu.Unlock()
 	a := &attempt{l: l, value: value, aid: aid}
-	k := l.scriptCall(kindExtend, "extend", a, parseExtend, []any{value, ttl.Milliseconds(), l.n})
+	k := l.scriptCall(kindExtend, "extend", a, nil, []any{value, ttl.Milliseconds(), l.n})
+	k.parse = parseExtend(l, k)
 	rs := c.voteUntil(ctx, k.call, until)
 	err = l.extended(ctx, rs, start, ttl)
 	if errors.Is(err, ErrLockLost) {
@@ -535,23 +536,24 @@ func (l *Lock) releaseCall(k scriptKind, a *attempt, extra ...layer) layerCall {
 	return l.scriptCall(k, op, a, parseInt(int64(l.n)), []any{a.value, l.n}, extra...)
 }
 
-// parseExtend reads the extend script's reply: 1 extended; 0 held by
-// another owner; 3 a key of the lock was missing and is set again: the
-// node did not hold the lock, so it counts as OutcomeHeld (regained), not
-// as a confirmation, and the keys it holds now serve later rounds; {2, ms}
-// gated. Any other reply is a faulty node's (badReply).
-func parseExtend(cmd *redis.Cmd) NodeResult {
-	switch v := cmd.Val().(type) {
-	case int64:
-		if v == 3 {
+// parseExtend returns the reader of the replies to k, l's extend script:
+// 1 extended; 0 held by another owner; 3 a key of the lock was missing
+// and is set again: the node did not hold the lock, so it counts as
+// OutcomeHeld (regained), not as a confirmation, and the keys it holds
+// now serve later rounds; or a reply of one of k's layers (layer.reply).
+// Any other reply is a faulty node's (badReply).
+func parseExtend(l *Lock, k layerCall) func(*redis.Cmd) NodeResult {
+	return func(cmd *redis.Cmd) NodeResult {
+		if v, ok := cmd.Val().(int64); ok && v == 3 {
 			return NodeResult{Outcome: OutcomeHeld, regained: true}
 		}
-	case []any:
-		if len(v) == 2 && allInts(v) && v[0] == int64(2) {
-			return NodeResult{Outcome: OutcomeGated}
+		if _, ok := cmd.Val().([]any); ok {
+			if r, ok := layerReply(l, kindExtend, k.in, cmd.Val()); ok {
+				return r
+			}
 		}
+		return parseInt(1)(cmd)
 	}
-	return parseInt(1)(cmd)
 }
 
 // parseInt reads the integer reply of a script that answers 0 to want:

@@ -48,9 +48,11 @@ func (r *record) keys([]string) []string { return []string{r.key} }
 // args passes the record's TTL.
 func (r *record) args(scriptKind, *attempt) []any { return []any{r.ttl} }
 
-// refusal reads {0, holder's value, PTTL, 0}: refused by the record.
-func (r *record) refusal(_ *Lock, v []any) (NodeResult, bool) {
-	if len(v) != 4 || !allInts(v[2:]) || intAt(v, 3) != 0 {
+// reply reads the acquire reply {0, holder's value, PTTL, 0}: refused
+// by the record.
+func (r *record) reply(_ *Lock, k scriptKind, reply any) (NodeResult, bool) {
+	v, _ := reply.([]any)
+	if k != kindAcquire || len(v) != 4 || !allInts(v[2:]) || intAt(v, 3) != 0 {
 		return NodeResult{}, false
 	}
 	holder, isString := v[1].(string)
