@@ -48,8 +48,7 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 		return nil, invalidf("the retry policy factory (WithRetry) returned a nil policy")
 	}
 	policy.Reset()
-	w := c.wake.waiter(l)
-	defer func() { w.stop(err == nil) }()
+	defer func(l *Lock) { l.done(err == nil) }(l)
 	var last *QuorumError
 	splits := 0 // split votes in a row
 	for attempts = 1; ; attempts++ {
@@ -61,7 +60,6 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 		if err := l.nextMetadata(); err != nil {
 			return nil, err
 		}
-		w.beforeAttempt()
 		q := c.attempt(ctx, l, attempts, true)
 		if q == nil {
 			return l, nil
@@ -82,10 +80,29 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 		if err != nil {
 			return nil, err
 		}
-		w.sleep(ctx, last, d)
+		c.pause(ctx, l, last, d)
 		if ctx.Err() != nil {
 			return nil, l.fail(ctx, attempts, last)
 		}
+	}
+}
+
+// pause spends the delay d after l's failed attempt q: a layer may spend
+// it (layer.wait); otherwise a sleep until d passes or ctx ends, in a
+// wait span.
+func (c *Client) pause(ctx context.Context, l *Lock, q *QuorumError, d time.Duration) {
+	for _, y := range l.layers {
+		if y.wait(ctx, l, q, d) {
+			return
+		}
+	}
+	c.tel.wait(ctx, q, d, nil, false)
+}
+
+// done tells l's layers that its acquisition ended.
+func (l *Lock) done(acquired bool) {
+	for _, y := range l.layers {
+		y.done(l, acquired)
 	}
 }
 
@@ -131,6 +148,7 @@ func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Du
 	if err != nil {
 		return nil, err
 	}
+	defer func(l *Lock) { l.done(err == nil) }(l)
 	if ctx.Err() != nil {
 		return nil, l.fail(ctx, 0, nil)
 	}

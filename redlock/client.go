@@ -32,7 +32,9 @@ type Client struct {
 	cfg    config
 	log    *slog.Logger
 	tel    *telemetry
-	wake   *waker
+	// services are the features' state shared by the Client's Locks
+	// (layer.go).
+	services []service
 
 	closed atomic.Bool
 }
@@ -131,7 +133,9 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	for _, p := range c.peers { // once every node is valid
 		watchDials(p)
 	}
-	c.wake = newWaker(c)
+	for _, newService := range services {
+		c.services = append(c.services, newService(c))
+	}
 	c.warnLayout()
 	return c, nil
 }
@@ -208,7 +212,9 @@ func (c *Client) Close(ctx context.Context) error {
 		unwatchDials(p)
 	}
 	var wg sync.WaitGroup
-	wg.Go(c.wake.close)
+	for _, s := range c.services {
+		wg.Go(s.close)
+	}
 	errs := make([]error, len(c.peers))
 	for i, p := range c.peers {
 		wg.Go(func() { errs[i] = p.tx.Close(ctx) })

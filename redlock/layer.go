@@ -30,11 +30,12 @@ import (
 //     again: may refuse) and extended; release's are hold (may keep a
 //     key that other holds use), deleted and released; an undo's are
 //     undo and hold.
-//   - In Go: begin (an attempt's owner token and acquisition ID),
+//   - In Go: begin (an attempt starts: a reentrant owner's token),
 //     reply (reads a reply of its own to acquire or extend: a refusal
-//     by its keys, or gating's {2, ms left}), granted
-//     (after a quorum granted, before the validity: more rounds, values
-//     for the Lock), released (after a quorum released).
+//     by its keys, or gating's {2, ms left}), granted (after a quorum
+//     granted, before the validity: more rounds, values for the Lock),
+//     released (after a quorum released), wait (spends Acquire's delay
+//     between attempts: wake) and done (the acquisition ended).
 //
 // Layers are chosen once per Lock, from the options, in the order of
 // registry, which is the order of their keys, arguments, reply elements
@@ -68,6 +69,12 @@ type layer interface {
 	// released runs after a quorum released the lock; args are the
 	// layer's arguments of that release.
 	released(l *Lock, args []any)
+	// wait spends Acquire's delay d after the failed attempt q, before
+	// the next attempt (wake.go: until a release notice); false leaves
+	// it to the core, which sleeps d. The first layer that waits does.
+	wait(ctx context.Context, l *Lock, q *QuorumError, d time.Duration) bool
+	// done runs once an Acquire or TryAcquire of l ends, acquired or not.
+	done(l *Lock, acquired bool)
 }
 
 // registry makes the layers of one Lock from its options, in order; each
@@ -82,6 +89,26 @@ var registry = []func(c *Client, cfg *lockConfig, resources []string, retrying b
 	newHighWater,
 	newWakeMark,
 	newWakeNotice,
+}
+
+// A service is a feature's state shared by the Locks of one Client
+// (wake.go's release-notice subscribers): made at New, in the order of
+// services, and stopped at Close, which waits for close to return.
+type service interface{ close() }
+
+var services = []func(c *Client) service{
+	func(c *Client) service { return newWaker(c) },
+}
+
+// serviceOf returns c's service of type T, or T's zero value.
+func serviceOf[T service](c *Client) T {
+	for _, s := range c.services {
+		if t, ok := s.(T); ok {
+			return t
+		}
+	}
+	var zero T
+	return zero
 }
 
 // clientChecks validate the features' options at New, and callChecks
@@ -106,6 +133,10 @@ func (baseLayer) granted(context.Context, *attempt, *script.Layout, call, []Node
 	return nil
 }
 func (baseLayer) released(*Lock, []any) {}
+func (baseLayer) wait(context.Context, *Lock, *QuorumError, time.Duration) bool {
+	return false
+}
+func (baseLayer) done(*Lock, bool) {}
 
 // perKey returns lockKeys, each with suffix: a key per resource.
 func perKey(lockKeys []string, suffix string) []string {
@@ -123,9 +154,9 @@ type attempt struct {
 	token string // the owner token: new per attempt unless a layer keeps one
 	aid   string // the acquisition ID, or "" (a reentrant hold's)
 	value string
-	// notify says that the call is a Release, which wakes the waiters
-	// of the lock (not an undo, nor the cleanup of a lost extension).
-	notify bool
+	// release says that the call is a Release (not an undo, nor the
+	// cleanup of a lost extension).
+	release bool
 }
 
 // scriptKind names a script built from a core template and layers.

@@ -419,7 +419,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if prev == stateReleased {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
-	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, aid: aid, notify: true}, log.layers(c.cfg.keyPrefix)...)
+	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, aid: aid, release: true}, log.layers(c.cfg.keyPrefix)...)
 	rs := c.release(ctx, k.call, nil)
 	if count(rs, OutcomeOK) >= c.quorum {
 		for i, y := range k.in {

@@ -286,6 +286,36 @@ func (t *telemetry) startWait(ctx context.Context, q *QuorumError, d time.Durati
 	return span
 }
 
+// wait sleeps d after the refused round q, or until wake (a layer's:
+// wake.go's release notices) or ctx ends, in a wait span (startWait) that
+// says what ended it; woken says that a wake came before the wait began.
+func (t *telemetry) wait(ctx context.Context, q *QuorumError, d time.Duration, wake <-chan struct{}, woken bool) {
+	span := t.startWait(ctx, q, d)
+	endedBy := sleep(ctx, d, wake)
+	if woken {
+		endedBy = tracing.WaitEndedByNotice
+	}
+	endWait(span, endedBy)
+}
+
+// sleep waits d, or until wake or ctx, and says which ended it (a
+// tracing.WaitEndedBy* value).
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) (endedBy string) {
+	if d <= 0 {
+		return tracing.WaitEndedByBackoff
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return tracing.WaitEndedByBackoff
+	case <-wake:
+		return tracing.WaitEndedByNotice
+	case <-ctx.Done():
+		return tracing.WaitEndedByCtx
+	}
+}
+
 // endWait ends a wait span with what ended the wait (a tracing.WaitEndedBy*
 // value).
 func endWait(span trace.Span, endedBy string) {

@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock/internal/script"
-	"github.com/schedlock/schedlock/tracing"
 )
 
 // Wake on release (WithReleaseNotices). An Acquire that a holder refused
@@ -106,119 +105,6 @@ func (w *waker) noticeID() string {
 		return ""
 	}
 	return newAcquisitionID()
-}
-
-// waiter is one Acquire's use of release notices.
-type waiter struct {
-	w        *waker
-	l        *Lock
-	channels []string // nil until it watches
-	gen      uint64   // releases seen before the current attempt
-	woken    bool     // a notice ended the last sleep
-}
-
-func (w *waker) waiter(l *Lock) *waiter { return &waiter{w: w, l: l} }
-
-// beforeAttempt records the releases seen so far, so that sleep returns at
-// once for a release that came during the attempt.
-func (wt *waiter) beforeAttempt() {
-	if wt.channels != nil {
-		wt.gen = wt.w.gen(wt.channels)
-	}
-}
-
-// sleep waits after a failed attempt q: d, or until a release of the keys
-// wakes it, or until ctx ends, in a wait span. It starts watching the keys
-// the first time a holder refused.
-func (wt *waiter) sleep(ctx context.Context, q *QuorumError, d time.Duration) {
-	w := wt.w
-	if !w.off && !wt.l.cfg.noWake && wt.channels == nil && q.Count(OutcomeHeld) > 0 {
-		wt.channels = make([]string, wt.l.n)
-		for i, k := range wt.l.keys[:wt.l.n] {
-			wt.channels[i] = k + releasedSuffix
-		}
-		w.watch(wt.channels)
-		// Only releases from now on wake this waiter: the channels may have
-		// seen releases for another waiter of this Client before.
-		wt.gen = w.gen(wt.channels)
-	}
-	if wt.channels == nil {
-		wt.wait(ctx, q, d, nil, false)
-		return
-	}
-	s := &sleeper{wake: make(chan struct{}, 1)}
-	w.mu.Lock()
-	var g uint64
-	confirmed := true
-	for _, ch := range wt.channels {
-		kw := w.keys[ch]
-		g += kw.gen
-		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.peers)
-		kw.sleepers = append(kw.sleepers, s)
-	}
-	released := g != wt.gen // a release came during the attempt
-	if released {
-		d = 0
-	} else if expires, ok := oneHolder(q); ok && confirmed {
-		d = max(d, min(expires+driftConstant, maxNoticeWait))
-	}
-	w.mu.Unlock()
-	wt.wait(ctx, q, d, s.wake, released)
-	w.mu.Lock()
-	for _, ch := range wt.channels {
-		kw := w.keys[ch]
-		if i := slices.Index(kw.sleepers, s); i >= 0 {
-			kw.sleepers = slices.Delete(kw.sleepers, i, i+1)
-		}
-	}
-	wt.woken = s.woken
-	w.mu.Unlock()
-}
-
-// wait sleeps d, or until wake or ctx, in a wait span that says what
-// ended it; released says that a release came before the wait began.
-func (wt *waiter) wait(ctx context.Context, q *QuorumError, d time.Duration, wake <-chan struct{}, released bool) {
-	span := wt.w.c.tel.startWait(ctx, q, d)
-	endedBy := sleep(ctx, d, wake)
-	if released {
-		endedBy = tracing.WaitEndedByNotice
-	}
-	endWait(span, endedBy)
-}
-
-// stop ends the waiter's watch. An Acquire that a release woke and that
-// ends without the lock (its ctx ended, its policy gave up) passes the
-// wake on to the next sleeper of each of its keys.
-func (wt *waiter) stop(acquired bool) {
-	if wt.channels == nil {
-		return
-	}
-	if wt.woken && !acquired {
-		wt.w.mu.Lock()
-		for _, ch := range wt.channels {
-			wt.w.keys[ch].wakeOne()
-		}
-		wt.w.mu.Unlock()
-	}
-	wt.w.unwatch(wt.channels)
-}
-
-// sleep waits d, or until wake or ctx, and says which ended it (a
-// tracing.WaitEndedBy* value).
-func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) (endedBy string) {
-	if d <= 0 {
-		return tracing.WaitEndedByBackoff
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return tracing.WaitEndedByBackoff
-	case <-wake:
-		return tracing.WaitEndedByNotice
-	case <-ctx.Done():
-		return tracing.WaitEndedByCtx
-	}
 }
 
 // oneHolder returns the shortest TTL left of the holder's key when a quorum
@@ -523,17 +409,98 @@ var (
 )
 
 // wakeMark is the layer of an Acquire's Lock while notices are on for the
-// Client and the call.
-type wakeMark struct{ baseLayer }
+// Client and the call: its attempts mark a refusing holder's key, and it
+// spends the Acquire's waits between attempts, watching the keys'
+// release notices once a holder refused.
+type wakeMark struct {
+	baseLayer
+	w        *waker
+	channels []string // nil until it watches
+	gen      uint64   // releases seen before the current attempt
+	woken    bool     // a notice ended the last sleep
+}
 
 func newWakeMark(c *Client, cfg *lockConfig, _ []string, retrying bool) (layer, error) {
 	if !retrying || c.cfg.noWake || cfg.noWake {
 		return nil, nil
 	}
-	return wakeMark{}, nil
+	return &wakeMark{w: serviceOf[*waker](c)}, nil
 }
 
-func (wakeMark) part() script.Part { return wakeMarkPart }
+func (*wakeMark) part() script.Part { return wakeMarkPart }
+
+// begin records the releases seen so far, so that wait returns at once
+// for a release that came during the attempt.
+func (m *wakeMark) begin(*attempt) {
+	if m.channels != nil {
+		m.gen = m.w.gen(m.channels)
+	}
+}
+
+// wait waits after a failed attempt q: d, or until a release of the keys
+// wakes it, or until ctx ends, in a wait span. It starts watching the keys
+// the first time a holder refused; until then the core waits (false).
+func (m *wakeMark) wait(ctx context.Context, l *Lock, q *QuorumError, d time.Duration) bool {
+	w := m.w
+	if m.channels == nil {
+		if q.Count(OutcomeHeld) == 0 {
+			return false
+		}
+		m.channels = make([]string, l.n)
+		for i, k := range l.keys[:l.n] {
+			m.channels[i] = k + releasedSuffix
+		}
+		w.watch(m.channels)
+		// Only releases from now on wake this waiter: the channels may have
+		// seen releases for another waiter of this Client before.
+		m.gen = w.gen(m.channels)
+	}
+	s := &sleeper{wake: make(chan struct{}, 1)}
+	w.mu.Lock()
+	var g uint64
+	confirmed := true
+	for _, ch := range m.channels {
+		kw := w.keys[ch]
+		g += kw.gen
+		confirmed = confirmed && countTrue(kw.confirmed) == len(w.c.peers)
+		kw.sleepers = append(kw.sleepers, s)
+	}
+	released := g != m.gen // a release came during the attempt
+	if released {
+		d = 0
+	} else if expires, ok := oneHolder(q); ok && confirmed {
+		d = max(d, min(expires+driftConstant, maxNoticeWait))
+	}
+	w.mu.Unlock()
+	w.c.tel.wait(ctx, q, d, s.wake, released)
+	w.mu.Lock()
+	for _, ch := range m.channels {
+		kw := w.keys[ch]
+		if i := slices.Index(kw.sleepers, s); i >= 0 {
+			kw.sleepers = slices.Delete(kw.sleepers, i, i+1)
+		}
+	}
+	m.woken = s.woken
+	w.mu.Unlock()
+	return true
+}
+
+// done ends the watch. An Acquire that a release woke and that ends
+// without the lock (its ctx ended, its policy gave up) passes the wake on
+// to the next sleeper of each of its keys.
+func (m *wakeMark) done(_ *Lock, acquired bool) {
+	if m.channels == nil {
+		return
+	}
+	if m.woken && !acquired {
+		m.w.mu.Lock()
+		for _, ch := range m.channels {
+			m.w.keys[ch].wakeOne()
+		}
+		m.w.mu.Unlock()
+	}
+	m.w.unwatch(m.channels)
+}
 
 // wakeNotice is the layer of every Lock while notices are on.
 type wakeNotice struct {
@@ -545,14 +512,14 @@ func newWakeNotice(c *Client, _ *lockConfig, _ []string, _ bool) (layer, error) 
 	if c.cfg.noWake {
 		return nil, nil
 	}
-	return wakeNotice{w: c.wake}, nil
+	return wakeNotice{w: serviceOf[*waker](c)}, nil
 }
 
 func (wakeNotice) part() script.Part { return wakeNoticePart }
 
 // args passes a Release's notice ID, "" for a cleanup that wakes nobody.
 func (n wakeNotice) args(_ scriptKind, a *attempt) []any {
-	if !a.notify {
+	if !a.release {
 		return []any{""}
 	}
 	return []any{n.w.noticeID()}
