@@ -273,7 +273,7 @@ func (c *Client) granted(ctx context.Context, a *attempt, k layerCall, rs []Node
 
 // nextAttempt starts an attempt: its value (a new owner token, unless a
 // layer gives the attempt its own: a reentrant owner's, which repeats,
-// with a new acquisition ID) becomes the Lock's. Every attempt has its
+// with a new acquisition ID of the layer's) becomes the Lock's. Every attempt has its
 // own owner token or acquisition ID, so that the undo or cleanup of one
 // attempt never deletes what a later attempt set (a reentrant undo
 // removes its own hold only).
@@ -284,7 +284,7 @@ func (l *Lock) nextAttempt() *attempt {
 	}
 	a.value = buildValue(a.token, l.tp, l.cfg.metadata)
 	l.mu.Lock()
-	l.value, l.aid = a.value, a.aid
+	l.value = a.value
 	l.mu.Unlock()
 	return a
 }

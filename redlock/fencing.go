@@ -94,9 +94,10 @@ func (f *fencing) granted(ctx context.Context, a *attempt, lay *script.Layout, k
 	}
 	if h := lay.Key("reentrant", n, 0); h >= 0 {
 		// Best effort: a node without the note gives the next re-entry
-		// a new token, which is larger.
+		// a new token, which is larger. The hold is the acquisition ID,
+		// reentrancy's argument of the acquire.
 		c.vote(ctx, call{op: "note", timeout: l.cfg.nodeTimeout, script: noteScript, keys: k.keys[h:][:n],
-			args: []any{strconv.FormatUint(token, 10), a.aid}, parse: parseInt(1)})
+			args: []any{strconv.FormatUint(token, 10), k.args[lay.Arg("reentrant")]}, parse: parseInt(1)})
 	}
 	f.setToken(l, token)
 	return nil

@@ -52,8 +52,8 @@ type layer interface {
 	// args returns its arguments in script k (Part.Args of them, or any
 	// number for Args -1).
 	args(k scriptKind, a *attempt) []any
-	// begin sets up an attempt: a reentrant owner's token and its
-	// acquisition ID.
+	// begin sets up an attempt: a reentrant owner's token, and the
+	// layer's own state for it (reentrancy's acquisition ID).
 	begin(a *attempt)
 	// reply reads v, a reply to script k (acquire or extend) that the
 	// core does not read: the core reads {1, ...} granted and {0,
@@ -147,12 +147,11 @@ func perKey(lockKeys []string, suffix string) []string {
 	return keys
 }
 
-// attempt is one acquisition attempt: its value and acquisition ID, which
-// its extensions and release use too once it holds the lock.
+// attempt is one acquisition attempt: its value, which its extensions
+// and release use too once it holds the lock.
 type attempt struct {
 	l     *Lock
 	token string // the owner token: new per attempt unless a layer keeps one
-	aid   string // the acquisition ID, or "" (a reentrant hold's)
 	value string
 	// release says that the call is a Release (not an undo, nor the
 	// cleanup of a lost extension).

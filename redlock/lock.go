@@ -34,13 +34,12 @@ type Lock struct {
 	op sync.Mutex
 
 	// mu guards the fields below; it is never held during I/O. Writers:
-	// nextAttempt (value, aid), attempt (pending -> held), end (->
+	// nextAttempt (value), attempt (pending -> held), end (->
 	// released), Extend (until, ttl; -> lost), Release (-> released), lose
 	// (-> lost); watch and changedLocked (changed).
 	mu      sync.Mutex
 	state   lockState
 	value   string // the last attempt's value: the held lock's once held
-	aid     string // the last attempt's acquisition ID (reentrant)
 	ttl     time.Duration
 	until   time.Time
 	granted time.Time
@@ -215,21 +214,21 @@ func (l *Lock) watch() (state lockState, until time.Time, ttl time.Duration, cha
 	return l.state, l.until, l.ttl, l.changed
 }
 
-// checkHeld returns the current value and acquisition ID, or ErrLockLost
-// unless l is held and within its validity.
-func (l *Lock) checkHeld(ctx context.Context) (value, aid string, until time.Time, err error) {
+// checkHeld returns the current value, or ErrLockLost unless l is held
+// and within its validity.
+func (l *Lock) checkHeld(ctx context.Context) (value string, until time.Time, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.state == stateReleased:
-		return "", "", l.until, wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
+		return "", l.until, wrapf([]error{ErrLockLost}, "%s was already released", lockName(l.resources))
 	case l.state == stateLost:
-		return "", "", l.until, wrapf([]error{ErrLockLost}, "%s was already lost", lockName(l.resources))
+		return "", l.until, wrapf([]error{ErrLockLost}, "%s was already lost", lockName(l.resources))
 	case !time.Now().Before(l.until):
 		l.setStateLocked(ctx, stateLost)
-		return "", "", l.until, wrapf([]error{ErrLockLost}, "%s lost: its validity ended %v ago", lockName(l.resources), ago(l.until))
+		return "", l.until, wrapf([]error{ErrLockLost}, "%s lost: its validity ended %v ago", lockName(l.resources), ago(l.until))
 	}
-	return l.value, l.aid, l.until, nil
+	return l.value, l.until, nil
 }
 
 // ago says how long ago t was, rounded for people.
@@ -293,7 +292,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
-	value, aid, until, err := l.checkHeld(ctx)
+	value, until, err := l.checkHeld(ctx)
 	if err != nil {
 		return err
 	}
@@ -304,13 +303,13 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 	start := time.Now()
 	l.expires = later(l.keysExpireLocked(), start.Add(ttl+l.nodeTimeout()))
 	l.mu.Unlock()
-	a := &attempt{l: l, value: value, aid: aid}
+	a := &attempt{l: l, value: value}
 	k := l.scriptCall(kindExtend, "extend", a, nil, []any{value, ttl.Milliseconds(), l.n})
 	k.parse = parseExtend(l, k)
 	rs := c.voteUntil(ctx, k.call, until)
 	err = l.extended(ctx, rs, start, ttl)
 	if errors.Is(err, ErrLockLost) {
-		l.dropRegained(ctx, rs, value, aid)
+		l.dropRegained(ctx, rs, value)
 	}
 	return err
 }
@@ -318,7 +317,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration, current bool) (err
 // dropRegained deletes the keys that an extension which found the lock
 // lost set again (parseExtend), as an undo does: a cleanup queued after
 // the extension on each node, not waited for.
-func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value, aid string) {
+func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value string) {
 	skip, none := make([]bool, len(rs)), true
 	for i, r := range rs {
 		skip[i] = !r.regained
@@ -327,7 +326,7 @@ func (l *Lock) dropRegained(ctx context.Context, rs []NodeResult, value, aid str
 	if none {
 		return
 	}
-	a := &attempt{l: l, value: value, aid: aid}
+	a := &attempt{l: l, value: value}
 	l.c.undo(ctx, l.releaseCall(kindRelease, a).call, skip)
 }
 
@@ -413,13 +412,13 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.mu.Lock()
-	prev, until, value, aid, expires := l.state, l.until, l.value, l.aid, l.keysExpireLocked()
+	prev, until, value, expires := l.state, l.until, l.value, l.keysExpireLocked()
 	l.setStateLocked(ctx, stateReleased)
 	l.mu.Unlock()
 	if prev == stateReleased {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
-	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, aid: aid, release: true}, log.layers(c.cfg.keyPrefix)...)
+	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, release: true}, log.layers(c.cfg.keyPrefix)...)
 	rs := c.release(ctx, k.call, nil)
 	if count(rs, OutcomeOK) >= c.quorum {
 		for i, y := range k.in {

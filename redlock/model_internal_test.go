@@ -45,18 +45,22 @@ func TestModelBuildsTheClientsCalls(t *testing.T) {
 					t.Fatal(err)
 				}
 				a := l.nextAttempt()
+				aid := ""
+				if r := layerOf[*reentrant](l); r != nil {
+					aid = r.aid
+				}
 				spec := model.LockSpec{Prefix: "p:", Resources: []string{"a", "b"}, Reentrant: owner != "", Fencing: fencing,
 					Gate: gate.Milliseconds(), Wait: true, Notices: true}
 				got := l.scriptCall(kindAcquire, "acquire", a, nil, []any{a.value, l.ttl.Milliseconds(), l.n})
-				same(t, name+" acquire", got, spec.AcquireCall(a.value, a.aid, 1500))
+				same(t, name+" acquire", got, spec.AcquireCall(a.value, aid, 1500))
 				got = l.scriptCall(kindExtend, "extend", a, nil, []any{a.value, l.ttl.Milliseconds(), l.n})
-				same(t, name+" extend", got, spec.ExtendCall(a.value, a.aid, 1500))
+				same(t, name+" extend", got, spec.ExtendCall(a.value, aid, 1500))
 				for _, k := range []scriptKind{kindUndo, kindRelease} {
-					same(t, name+" undo/release", l.releaseCall(k, a), spec.ReleaseCall(a.value, a.aid, k == kindUndo, nil))
+					same(t, name+" undo/release", l.releaseCall(k, a), spec.ReleaseCall(a.value, aid, k == kindUndo, nil))
 				}
 				log := &model.ReleaseLog{Name: "log", Len: 3, TTL: 5000, Entries: []string{"e1", "e2"}}
 				got = l.releaseCall(kindRelease, a, WithReleaseLog("log", 3, 5*time.Second, "e1", "e2").log().layers("p:")...)
-				same(t, name+" release with a log", got, spec.ReleaseCall(a.value, a.aid, false, log))
+				same(t, name+" release with a log", got, spec.ReleaseCall(a.value, aid, false, log))
 				if err := c.Close(context.Background()); err != nil {
 					t.Fatal(err)
 				}

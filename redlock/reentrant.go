@@ -27,6 +27,11 @@ var reentrantPart = script.Part{Name: "reentrant", PerKey: 1, Args: 1, Hooks: sc
 type reentrant struct {
 	baseLayer
 	token string // the owner's token
+	// aid is the acquisition ID of the Lock's last attempt, new for each:
+	// the hold's once the Lock is held. begin sets it while the Lock is
+	// being acquired, before anyone else has it; afterwards it is only
+	// read (its extensions, its release).
+	aid string
 }
 
 func newReentrant(_ *Client, cfg *lockConfig, _ []string, _ bool) (layer, error) {
@@ -42,10 +47,10 @@ func (*reentrant) part() script.Part { return reentrantPart }
 func (*reentrant) keys(lockKeys []string) []string { return perKey(lockKeys, holdsSuffix) }
 
 // args passes the acquisition ID.
-func (*reentrant) args(_ scriptKind, a *attempt) []any { return []any{a.aid} }
+func (r *reentrant) args(scriptKind, *attempt) []any { return []any{r.aid} }
 
 // begin gives the attempt the owner's token and a new acquisition ID.
-func (r *reentrant) begin(a *attempt) { a.token, a.aid = r.token, newAcquisitionID() }
+func (r *reentrant) begin(a *attempt) { a.token, r.aid = r.token, newAcquisitionID() }
 
 // WithOwner makes the lock reentrant for owner (reentrant.go): an
 // acquisition by the same owner of resources that owner already holds
