@@ -122,6 +122,23 @@ var (
 	ttlChecks    = []func(cfg *config, ttl time.Duration) string{checkGateTTL}
 )
 
+// releaseLayers returns the layers that opts add to a Release of l, in
+// order (releaselog.go), or the error of an option that does not apply.
+func releaseLayers(l *Lock, opts []ReleaseOption) ([]layer, error) {
+	var layers []layer
+	for i, o := range opts {
+		if o == nil {
+			return nil, invalidf("ReleaseOption %d of %d is nil", i+1, len(opts))
+		}
+		y, err := o.releaseLayer(l, layers)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, y)
+	}
+	return layers, nil
+}
+
 // baseLayer gives a layer the defaults of the methods it does not need.
 type baseLayer struct{}
 

@@ -399,7 +399,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if l == nil {
 		return invalidf("Release called on a nil *Lock")
 	}
-	log, err := releaseOptions(opts, l.resources)
+	extra, err := releaseLayers(l, opts)
 	if err != nil {
 		return err
 	}
@@ -418,7 +418,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	if prev == stateReleased {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
-	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, release: true}, log.layers(c.cfg.keyPrefix)...)
+	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, release: true}, extra...)
 	rs := c.release(ctx, k.call, nil)
 	if count(rs, OutcomeOK) >= c.quorum {
 		for i, y := range k.in {
@@ -426,22 +426,6 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 		}
 	}
 	return l.releaseErr(rs, prev, until, expires)
-}
-
-// releaseOptions returns the release log of opts, if any, for a lock on
-// resources.
-func releaseOptions(opts []ReleaseOption, resources []string) (*releaseLog, error) {
-	var log *releaseLog
-	for i, o := range opts {
-		switch {
-		case o == nil:
-			return nil, invalidf("ReleaseOption %d of %d is nil", i+1, len(opts))
-		case log != nil:
-			return nil, invalidf("more than one release log (WithReleaseLog): one Release takes one")
-		}
-		log = o.log()
-	}
-	return log, log.check(resources)
 }
 
 // releaseErr returns Release's error for the release round rs of a Lock

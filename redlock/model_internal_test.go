@@ -59,7 +59,11 @@ func TestModelBuildsTheClientsCalls(t *testing.T) {
 					same(t, name+" undo/release", l.releaseCall(k, a), spec.ReleaseCall(a.value, aid, k == kindUndo, nil))
 				}
 				log := &model.ReleaseLog{Name: "log", Len: 3, TTL: 5000, Entries: []string{"e1", "e2"}}
-				got = l.releaseCall(kindRelease, a, WithReleaseLog("log", 3, 5*time.Second, "e1", "e2").log().layers("p:")...)
+				extra, err := releaseLayers(l, []ReleaseOption{WithReleaseLog("log", 3, 5*time.Second, "e1", "e2")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = l.releaseCall(kindRelease, a, extra...)
 				same(t, name+" release with a log", got, spec.ReleaseCall(a.value, aid, false, log))
 				if err := c.Close(context.Background()); err != nil {
 					t.Fatal(err)

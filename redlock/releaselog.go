@@ -18,7 +18,11 @@ var releaseLogSrc string
 var releaseLogPart = script.Part{Name: "log", Fixed: 1, Args: -1, Hooks: script.Parse(releaseLogSrc)}
 
 // ReleaseOption configures one Release.
-type ReleaseOption interface{ log() *releaseLog }
+type ReleaseOption interface {
+	// releaseLayer returns the option's layer of a Release of l, checked,
+	// after the layers of the options before it.
+	releaseLayer(l *Lock, before []layer) (layer, error)
+}
 
 // releaseLog is WithReleaseLog's list and entries, and the layer of the
 // Release it is given to.
@@ -30,8 +34,6 @@ type releaseLog struct {
 	entries []string
 	key     string // the list's key, set by Release
 }
-
-func (r *releaseLog) log() *releaseLog { return r }
 
 // WithReleaseLog makes a Release also push entries, oldest first, onto the
 // list under the resource name list on each node where its script runs,
@@ -48,32 +50,27 @@ func WithReleaseLog(list string, keep int, ttl time.Duration, entries ...string)
 	return &releaseLog{list: list, keep: keep, ttl: ttl, entries: entries}
 }
 
-// check validates a release log (nil: none) of a lock on resources.
-func (r *releaseLog) check(resources []string) error {
-	if r == nil {
-		return nil
+// releaseLayer returns the log's layer of a Release of l: one log per
+// Release, its list not one of l's resources nor a reserved name, its
+// length and TTL in range.
+func (r *releaseLog) releaseLayer(l *Lock, before []layer) (layer, error) {
+	for _, y := range before {
+		if _, ok := y.(*releaseLog); ok {
+			return nil, invalidf("more than one release log (WithReleaseLog): one Release takes one")
+		}
 	}
-	if err := checkAddedKey("WithReleaseLog", "release log list", r.list, resources, ""); err != nil {
-		return err
+	if err := checkAddedKey("WithReleaseLog", "release log list", r.list, l.resources, ""); err != nil {
+		return nil, err
 	}
 	switch {
 	case r.keep < 1:
-		return invalidf("release log length %d (WithReleaseLog) is below 1", r.keep)
+		return nil, invalidf("release log length %d (WithReleaseLog) is below 1", r.keep)
 	case r.ttl < time.Millisecond:
-		return invalidf("release log TTL %v (WithReleaseLog) is below 1ms", r.ttl)
-	}
-	return nil
-}
-
-// layers returns the layer of one Release with the key prefix prefix
-// (none for nil).
-func (r *releaseLog) layers(prefix string) []layer {
-	if r == nil {
-		return nil
+		return nil, invalidf("release log TTL %v (WithReleaseLog) is below 1ms", r.ttl)
 	}
 	withKey := *r
-	withKey.key = prefix + r.list
-	return []layer{&withKey}
+	withKey.key = l.c.cfg.keyPrefix + r.list
+	return &withKey, nil
 }
 
 func (*releaseLog) part() script.Part { return releaseLogPart }
