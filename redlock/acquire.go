@@ -336,7 +336,7 @@ func parseAcquire(l *Lock, k layerCall, value string) func(*redis.Cmd) NodeResul
 				return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.resources[i-1])
 			}
 		}
-		if r, ok := layerReply(l, kindAcquire, k.in, cmd.Val()); ok {
+		if r, ok := layerReply(l, kindAcquire, k, cmd.Val()); ok {
 			r.refused = true
 			return r
 		}
@@ -344,11 +344,11 @@ func parseAcquire(l *Lock, k layerCall, value string) func(*redis.Cmd) NodeResul
 	}
 }
 
-// layerReply reads v, a reply to script k that the core does not read,
-// by one of the layers in, in order; false when none reads it.
-func layerReply(l *Lock, k scriptKind, in []layer, v any) (NodeResult, bool) {
-	for _, y := range in {
-		if r, ok := y.reply(l, k, v); ok {
+// layerReply reads v, a reply to kind's script call c that the core does
+// not read, by one of c's layers, in order; false when none reads it.
+func layerReply(l *Lock, kind scriptKind, c layerCall, v any) (NodeResult, bool) {
+	for _, y := range c.in {
+		if r, ok := y.reply(l, kind, c.layout, v); ok {
 			return r, true
 		}
 	}

@@ -49,7 +49,7 @@ func (g *gating) args(scriptKind, *attempt) []any { return []any{g.gate} }
 
 // reply reads the gated reply {2, ms left} to acquire or extend: the
 // node refuses to vote (it set nothing).
-func (*gating) reply(_ *Lock, _ scriptKind, reply any) (NodeResult, bool) {
+func (*gating) reply(_ *Lock, _ scriptKind, _ *script.Layout, reply any) (NodeResult, bool) {
 	v, _ := reply.([]any)
 	if len(v) != 2 || !allInts(v) || v[0] != int64(2) {
 		return NodeResult{}, false

@@ -21,7 +21,7 @@ import (
 //go:embed scripts/highwater.lua
 var highWaterSrc string
 
-var highWaterPart = script.Part{Name: "mark", Fixed: 1, Args: 2, Reply: 1, Hooks: script.Parse(highWaterSrc)}
+var highWaterPart = script.Part{Name: "mark", Fixed: 1, Args: 2, Reply: 1, Refuses: true, Hooks: script.Parse(highWaterSrc)}
 
 // highWater is the layer of a Lock acquired with WithHighWater.
 type highWater struct {
@@ -60,11 +60,12 @@ func (h *highWater) keys([]string) []string { return []string{h.key} }
 // args passes the mark and its TTL.
 func (h *highWater) args(scriptKind, *attempt) []any { return []any{h.at, h.ttl} }
 
-// reply reads the acquire reply {0, value, PTTL, -1, mark}: refused by
-// the mark.
-func (h *highWater) reply(_ *Lock, k scriptKind, reply any) (NodeResult, bool) {
+// reply reads the acquire reply {0, value, PTTL, I.mark, mark}: refused
+// by the mark.
+func (h *highWater) reply(_ *Lock, k scriptKind, lay *script.Layout, reply any) (NodeResult, bool) {
 	v, _ := reply.([]any)
-	if k != kindAcquire || len(v) != 5 || !allInts(v[2:]) || intAt(v, 3) != -1 {
+	i, ok := lay.Refusal("mark")
+	if k != kindAcquire || !ok || len(v) != 5 || !allInts(v[2:]) || intAt(v, 3) != int64(i) {
 		return NodeResult{}, false
 	}
 	holder, isString := v[1].(string)

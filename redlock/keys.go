@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
 // The key namespace. A resource's lock key is the key prefix followed by
@@ -38,7 +40,7 @@ const (
 // A waiter that a key refused marks it for a release notice by turning
 // the byte after the token into '_' (for '-') or 't' (for 'T'); ownership
 // checks compare the token only.
-const tokenLen = 32
+const tokenLen = script.TokenLen
 
 // traceparentLen is the length of a version-00 W3C traceparent.
 const traceparentLen = 55

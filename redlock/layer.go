@@ -61,7 +61,8 @@ type layer interface {
 	// 0, 1 and 3 (extend); a layer reads what its own fragment returns
 	// (a refusal by its keys, gating's {2, ms left}). False when v is not
 	// one of the layer's.
-	reply(l *Lock, k scriptKind, v any) (NodeResult, bool)
+	// lay is the script's layout (a refusal's index: Layout.Refusal).
+	reply(l *Lock, k scriptKind, lay *script.Layout, v any) (NodeResult, bool)
 	// granted runs after a quorum granted attempt a (rs: the replies to
 	// k, laid out by lay) and before the validity is checked; an error
 	// fails the attempt, which is then undone.
@@ -142,10 +143,12 @@ func releaseLayers(l *Lock, opts []ReleaseOption) ([]layer, error) {
 // baseLayer gives a layer the defaults of the methods it does not need.
 type baseLayer struct{}
 
-func (baseLayer) keys([]string) []string                          { return nil }
-func (baseLayer) args(scriptKind, *attempt) []any                 { return nil }
-func (baseLayer) begin(*attempt)                                  {}
-func (baseLayer) reply(*Lock, scriptKind, any) (NodeResult, bool) { return NodeResult{}, false }
+func (baseLayer) keys([]string) []string          { return nil }
+func (baseLayer) args(scriptKind, *attempt) []any { return nil }
+func (baseLayer) begin(*attempt)                  {}
+func (baseLayer) reply(*Lock, scriptKind, *script.Layout, any) (NodeResult, bool) {
+	return NodeResult{}, false
+}
 func (baseLayer) granted(context.Context, *attempt, *script.Layout, call, []NodeResult) *QuorumError {
 	return nil
 }

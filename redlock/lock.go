@@ -531,7 +531,7 @@ func parseExtend(l *Lock, k layerCall) func(*redis.Cmd) NodeResult {
 			return NodeResult{Outcome: OutcomeHeld, regained: true}
 		}
 		if _, ok := cmd.Val().([]any); ok {
-			if r, ok := layerReply(l, kindExtend, k.in, cmd.Val()); ok {
+			if r, ok := layerReply(l, kindExtend, k, cmd.Val()); ok {
 				return r
 			}
 		}

@@ -18,7 +18,7 @@ import (
 //go:embed scripts/record.lua
 var recordSrc string
 
-var recordPart = script.Part{Name: "record", Fixed: 1, Args: 1, Hooks: script.Parse(recordSrc)}
+var recordPart = script.Part{Name: "record", Fixed: 1, Args: 1, Refuses: true, Hooks: script.Parse(recordSrc)}
 
 // record is the layer of a Lock acquired with WithRecord.
 type record struct {
@@ -48,11 +48,12 @@ func (r *record) keys([]string) []string { return []string{r.key} }
 // args passes the record's TTL.
 func (r *record) args(scriptKind, *attempt) []any { return []any{r.ttl} }
 
-// reply reads the acquire reply {0, holder's value, PTTL, 0}: refused
-// by the record.
-func (r *record) reply(_ *Lock, k scriptKind, reply any) (NodeResult, bool) {
+// reply reads the acquire reply {0, holder's value, PTTL, I.record}:
+// refused by the record.
+func (r *record) reply(_ *Lock, k scriptKind, lay *script.Layout, reply any) (NodeResult, bool) {
 	v, _ := reply.([]any)
-	if k != kindAcquire || len(v) != 4 || !allInts(v[2:]) || intAt(v, 3) != 0 {
+	i, ok := lay.Refusal("record")
+	if k != kindAcquire || !ok || len(v) != 4 || !allInts(v[2:]) || intAt(v, 3) != int64(i) {
 		return NodeResult{}, false
 	}
 	holder, isString := v[1].(string)

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 
 	"github.com/schedlock/schedlock/redlock/internal/node"
+	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
 // The Lua scripts; each file's header states its contract (keys,
@@ -11,7 +12,7 @@ import (
 // core's templates, which the layers' fragments complete (layer.go); the
 // others are whole scripts. They go out as EVALSHA once a node knows
 // them, else as EVAL (internal/node). Ownership is the owner token, the
-// first 32 bytes of a lock value (keys.go).
+// first TOKEN (script.TokenLen) bytes of a lock value (keys.go).
 var (
 	//go:embed scripts/acquire.lua
 	acquireSrc string
@@ -33,6 +34,6 @@ var (
 	fenceScript   = node.NewScript(fenceSrc)
 	noteScript    = node.NewScript(noteSrc)
 	checkScript   = node.NewScript(checkSrc)
-	abandonScript = node.NewScript(abandonSrc)
+	abandonScript = node.NewScript(script.New(nil, 0, 0).Assemble(abandonSrc)) // TOKEN
 	holdersScript = node.NewScript(holdersSrc)
 )

@@ -4,10 +4,12 @@
 -- and, when KEYS[2] is given, put back the high-water mark before the one
 -- that an acquisition with that metadata raised there (as an undo does,
 -- release.lua). Reply: 1 when it deleted or put back something, else 0.
+-- TOKEN is the owner token's length (internal/script).
+--@ layout
 local function metadata(v)
-  local c = string.sub(v, 33, 33)
-  if c == '-' or c == '_' then return string.sub(v, 34) end
-  if c == 'T' or c == 't' then return string.sub(v, 34 + 55) end
+  local c = string.sub(v, TOKEN + 1, TOKEN + 1)
+  if c == '-' or c == '_' then return string.sub(v, TOKEN + 2) end
+  if c == 'T' or c == 't' then return string.sub(v, TOKEN + 2 + 55) end
   return nil
 end
 local done = 0

@@ -1,15 +1,16 @@
 -- Acquire: the redis.io step on this node, for every key of one lock at
 -- once: SET key value NX PX ttl, all or nothing.
 -- KEYS[1..n]: the lock keys, then the layers' keys. ARGV: [1] the lock
--- value (its first 32 bytes are the owner token), [2] the TTL in ms, [3]
+-- value (its first TOKEN bytes are the owner token), [2] the TTL in ms, [3]
 -- n, then the layers' arguments. The layout tables K, A and R say where
--- each layer's keys, arguments and reply elements are (internal/script).
+-- each layer's keys, arguments and reply elements are, I a refusing
+-- layer's index, TOKEN the owner token's length (internal/script).
 -- Reply: {1, the layers' elements...} granted; {0, holder's value, its
--- PTTL, i} refused by lock key i, or by a layer (i <= 0); {2, ms left}
--- gated.
+-- PTTL, i} refused by lock key i, or by a layer (i = I.<layer>, <= 0); a
+-- layer's own reply (gating's {2, ms left}).
 local value, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local tok = string.sub(value, 1, 32)
 --@ layout
+local tok = string.sub(value, 1, TOKEN)
 
 -- The layers' refusals come before anything is set.
 --@ check
@@ -24,7 +25,7 @@ for i = 1, n do
     set[#set + 1] = i
   else
     local v = redis.call('GET', KEYS[i])
-    if string.sub(v, 1, 32) ~= tok then
+    if string.sub(v, 1, TOKEN) ~= tok then
       for _, j in ipairs(set) do redis.call('DEL', KEYS[j]) end
       --@ refused
       return {0, v, redis.call('PTTL', KEYS[i]), i}

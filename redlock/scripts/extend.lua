@@ -1,6 +1,6 @@
 -- Extend: keep a lock on this node and regain its missing keys.
 -- KEYS[1..n]: the lock keys, then the layers' keys. ARGV: [1] the lock
--- value (its first 32 bytes are the owner token), [2] the TTL in ms, [3]
+-- value (its first TOKEN bytes are the owner token), [2] the TTL in ms, [3]
 -- n, then the layers' arguments (layout tables K and A, internal/script).
 -- Reply: 0 when a lock key holds another owner's token: nothing changes.
 -- A layer may refuse to regain a missing key ({2, ms left}: the restart
@@ -12,14 +12,14 @@
 -- holds of a reentrant owner share the keys); the reply is 1 when every
 -- lock key was there, 3 when one was missing (regained).
 local value, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local tok = string.sub(value, 1, 32)
 --@ layout
+local tok = string.sub(value, 1, TOKEN)
 local missing = false
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
   if not v then
     missing = true
-  elseif string.sub(v, 1, 32) ~= tok then
+  elseif string.sub(v, 1, TOKEN) ~= tok then
     return 0
   end
 end

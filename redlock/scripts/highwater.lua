@@ -5,10 +5,10 @@
 
 --@ check
 -- A mark at or above ours that another acquisition raised refuses, with
--- i = -1 and the mark, after a record and before the lock's keys.
+-- i = I.mark and the mark, after a record and before the lock's keys.
 local m = redis.call('HMGET', KEYS[K.mark + 1], 'm', 'v')
-if m[1] and string.sub(m[2], 1, 32) ~= tok and tonumber(m[1]) >= tonumber(ARGV[A.mark + 1]) then
-  return {0, m[2], redis.call('PTTL', KEYS[K.mark + 1]), -1, tonumber(m[1])}
+if m[1] and string.sub(m[2], 1, TOKEN) ~= tok and tonumber(m[1]) >= tonumber(ARGV[A.mark + 1]) then
+  return {0, m[2], redis.call('PTTL', KEYS[K.mark + 1]), I.mark, tonumber(m[1])}
 end
 
 --@ granted
@@ -16,7 +16,7 @@ end
 -- its own value and keeps both.
 local mk = KEYS[K.mark + 1]
 local m = redis.call('HMGET', mk, 'm', 'v', 'pm')
-if m[1] and string.sub(m[2], 1, 32) == tok then
+if m[1] and string.sub(m[2], 1, TOKEN) == tok then
   reply[R.mark + 1] = tonumber(m[3]) or 0
 else
   reply[R.mark + 1] = tonumber(m[1]) or 0
@@ -30,7 +30,7 @@ redis.call('PEXPIRE', mk, ARGV[A.mark + 2])
 -- "before" is then unknown, leaves it as it is rather than lower it.
 local mk = KEYS[K.mark + 1]
 local m = redis.call('HMGET', mk, 'v', 'pm', 'pv')
-if m[1] and string.sub(m[1], 1, 32) == tok then
+if m[1] and string.sub(m[1], 1, TOKEN) == tok then
   if m[2] == 'r' then
     -- An earlier undo put this mark back and the one before it is not
     -- known: leave it (a scheduled time lost, never run twice).

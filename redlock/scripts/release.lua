@@ -1,19 +1,19 @@
 -- Release (and the undo of a failed attempt): delete every lock key that
 -- holds our owner token and return how many held it (compare-and-delete).
 -- KEYS[1..n]: the lock keys, then the layers' keys. ARGV: [1] the lock
--- value (its first 32 bytes are the owner token), [2] n, then the layers'
+-- value (its first TOKEN bytes are the owner token), [2] n, then the layers'
 -- arguments (layout tables K and A, internal/script). A layer may keep a
 -- key that other holds still use (hold), act where a key is deleted
 -- (deleted), and after (released); an undo first takes back what the
 -- layers' acquire part set beside the keys (undo).
 local value, n = ARGV[1], tonumber(ARGV[2])
-local tok = string.sub(value, 1, 32)
 --@ layout
+local tok = string.sub(value, 1, TOKEN)
 --@ undo
 local mine = 0
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
-  if v and string.sub(v, 1, 32) == tok then
+  if v and string.sub(v, 1, TOKEN) == tok then
     mine = mine + 1
     local last = true
     --@ hold

@@ -6,12 +6,12 @@
 -- still releases.
 
 --@ refused
-local c = string.sub(v, 33, 33)
-if c == '-' then redis.call('SETRANGE', KEYS[i], 32, '_')
-elseif c == 'T' then redis.call('SETRANGE', KEYS[i], 32, 't') end
+local c = string.sub(v, TOKEN + 1, TOKEN + 1)
+if c == '-' then redis.call('SETRANGE', KEYS[i], TOKEN, '_')
+elseif c == 'T' then redis.call('SETRANGE', KEYS[i], TOKEN, 't') end
 
 --@ deleted
-local c = string.sub(v, 33, 33)
+local c = string.sub(v, TOKEN + 1, TOKEN + 1)
 if ARGV[A.wake + 1] ~= '' and (c == '_' or c == 't') then
   redis.pcall('PUBLISH', KEYS[i] .. ':released', ARGV[A.wake + 1])
 end

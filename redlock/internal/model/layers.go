@@ -51,6 +51,10 @@ var shapes = map[string]shape{
 	"log":    {"releaselog", 0, 1, -1, 0, []string{"released"}},
 }
 
+// refusing are the layers that refuse with an index of their own
+// (script.Part.Refuses).
+var refusing = map[string]bool{"record": true, "mark": true}
+
 // Parts returns the parts of layers (names of shapes, in order) with the
 // Lua of each hook from src (fragment sources by file name; nil: empty
 // sections, enough for the layout).
@@ -67,7 +71,8 @@ func Parts(layers []string, src map[string]string) []script.Part {
 		if name == "notice" {
 			pname = "wake" // the same name in Lua: never in one script with wake
 		}
-		parts[i] = script.Part{Name: pname, PerKey: sh.perKey, Fixed: sh.fixed, Args: sh.args, Reply: sh.repl, Hooks: hooks}
+		parts[i] = script.Part{Name: pname, PerKey: sh.perKey, Fixed: sh.fixed, Args: sh.args, Reply: sh.repl,
+			Refuses: refusing[name], Hooks: hooks}
 	}
 	return parts
 }
@@ -96,6 +101,12 @@ func (x *run) key(name string, j int) string { return x.keys[x.lay.Key(name, x.n
 
 // arg is ARGV[A.name + j] (j 1-based).
 func (x *run) arg(name string, j int) string { return x.argv[x.lay.Arg(name)+j-1] }
+
+// refusal is I.name: the index with which layer name refuses.
+func (x *run) refusal(name string) int64 {
+	i, _ := x.lay.Refusal(name)
+	return int64(i)
+}
 
 // has reports whether layer name is in the script.
 func (x *run) has(name string) bool { return x.lay.Has(name) }

@@ -2,6 +2,8 @@ package model
 
 import (
 	"strconv"
+
+	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
 // The scripts of redlock/scripts/*.lua, one Go function each, line for
@@ -53,8 +55,8 @@ func numOr0(s string, ok bool) int64 {
 	return n
 }
 
-// tok returns string.sub(v, 1, 32): the owner token.
-func tok(v string) string { return v[:min(32, len(v))] }
+// tok returns string.sub(v, 1, TOKEN): the owner token.
+func tok(v string) string { return v[:min(script.TokenLen, len(v))] }
 
 // nowMs is the scripts' TIME in ms: t[1] * 1000 + floor(t[2] / 1000).
 func nowMs(st *Store) int64 {
@@ -167,7 +169,7 @@ func gateCheck(x *run) any {
 func recordCheck(x *run) any {
 	rk := x.key("record", 1)
 	if v, ok := x.st.Get(rk); ok && tok(v) != x.tok {
-		return []any{int64(0), v, x.st.PTTL(rk), int64(0)}
+		return []any{int64(0), v, x.st.PTTL(rk), x.refusal("record")}
 	}
 	return nil
 }
@@ -184,7 +186,7 @@ func markCheck(x *run) any {
 	m, ok := hmget(x.st, mk, "m", "v")
 	hw, _ := num(x.arg("mark", 1))
 	if mv, _ := num(m[0]); ok[0] && tok(m[1]) != x.tok && mv >= hw {
-		return []any{int64(0), m[1], x.st.PTTL(mk), int64(-1), mv}
+		return []any{int64(0), m[1], x.st.PTTL(mk), x.refusal("mark"), mv}
 	}
 	return nil
 }
@@ -209,12 +211,12 @@ func markGranted(x *run, reply []any) {
 
 // wakeRefused is wake.lua's refused: mark the holder's key.
 func wakeRefused(x *run, i int, v string) {
-	if len(v) > 32 {
-		switch v[32] {
+	if len(v) > script.TokenLen {
+		switch v[script.TokenLen] {
 		case '-':
-			x.st.SetRange1(x.keys[i], 32, '_')
+			x.st.SetRange1(x.keys[i], script.TokenLen, '_')
 		case 'T':
-			x.st.SetRange1(x.keys[i], 32, 't')
+			x.st.SetRange1(x.keys[i], script.TokenLen, 't')
 		}
 	}
 }
@@ -401,14 +403,15 @@ func Note(st *Store, keys, argv []string) any {
 // metadata is abandon.lua's metadata(v): the metadata of a lock value,
 // false for a value of another layout.
 func metadata(v string) (string, bool) {
-	if len(v) < 33 {
+	t := script.TokenLen
+	if len(v) < t+1 {
 		return "", false
 	}
-	switch v[32] {
+	switch v[t] {
 	case '-', '_':
-		return v[33:], true
+		return v[t+1:], true
 	case 'T', 't':
-		return v[min(len(v), 33+55):], true
+		return v[min(len(v), t+1+55):], true
 	}
 	return "", false
 }

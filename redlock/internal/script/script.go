@@ -16,7 +16,14 @@
 //	local R = {fencing = 2}                 -- reply[R.<layer> + j]: its (j+1)-th reply element
 //
 // where n, the number of the lock's resources, is a local of the
-// template. A fragment file holds sections, each introduced by a line
+// template, followed by the two conventions every script shares:
+//
+//	local I = {record = 0, mark = -1} -- {0, value, PTTL, I.<layer>, ...}: refused by the layer's key
+//	local TOKEN = 32                  -- the owner token: the first TOKEN bytes of a lock value
+//
+// A refusal by lock key i is {0, value, PTTL, i}, i >= 1; each part that
+// refuses (Part.Refuses) gets its own index, 0, -1, ... in the order of
+// the parts in the script. A fragment file holds sections, each introduced by a line
 // "--@ <hook> [<hook>...]" (one section may serve several hooks); the
 // text before the first section is its header comment.
 package script
@@ -25,6 +32,10 @@ import (
 	"fmt"
 	"strings"
 )
+
+// TokenLen is the length of the owner token, the first bytes of every
+// lock value: the scripts (TOKEN) and the client compare owners by it.
+const TokenLen = 32
 
 // Part is one layer's share of a script: its name (the key of its
 // entries in K, A and R), its keys (PerKey per resource, then Fixed
@@ -36,7 +47,10 @@ type Part struct {
 	Fixed  int // keys after the per-resource ones
 	Args   int // arguments; -1: all the remaining ones (the last part only)
 	Reply  int // reply elements
-	Hooks  map[string]string
+	// Refuses says that its sections may refuse an acquisition with
+	// {0, value, PTTL, I.<name>, ...} (Layout.Refusal).
+	Refuses bool
+	Hooks   map[string]string
 }
 
 // Parse splits a fragment file into its sections by hook.
@@ -75,13 +89,15 @@ type Layout struct {
 	key      map[string][2]int // name -> offset a*n + b (a per-resource multiplier)
 	arg      map[string]int    // name -> ARGV offset (A.name + 1 is its first)
 	reply    map[string]int    // name -> reply offset (R.name + 1 is its first)
+	refusal  map[string]int    // name -> refusal index (I.name), for the parts that refuse
 }
 
 // New lays out parts for a script of hooks, after coreArgs arguments and
 // coreReply reply elements of the core.
 func New(hooks []string, coreArgs, coreReply int, parts ...Part) *Layout {
-	l := &Layout{coreArgs: coreArgs, coreRepl: coreReply, key: map[string][2]int{}, arg: map[string]int{}, reply: map[string]int{}}
-	perKey, fixed, args, reply := 1, 0, coreArgs, coreReply
+	l := &Layout{coreArgs: coreArgs, coreRepl: coreReply, key: map[string][2]int{}, arg: map[string]int{}, reply: map[string]int{},
+		refusal: map[string]int{}}
+	perKey, fixed, args, reply, refusal := 1, 0, coreArgs, coreReply, 0
 	for _, p := range parts {
 		if !p.In(hooks) {
 			continue
@@ -94,6 +110,10 @@ func New(hooks []string, coreArgs, coreReply int, parts ...Part) *Layout {
 		perKey, fixed = perKey+p.PerKey, fixed+p.Fixed
 		l.arg[p.Name], l.reply[p.Name] = args, reply
 		args, reply = args+max(p.Args, 0), reply+p.Reply
+		if p.Refuses {
+			l.refusal[p.Name] = refusal
+			refusal--
+		}
 	}
 	return l
 }
@@ -166,8 +186,17 @@ func (l *Layout) Reply(name string) int {
 	return r
 }
 
-// Assemble returns template with the layout's tables at "--@ layout" and
-// the parts' sections at each hook.
+// Refusal returns the index (I.<name>, at most 0) with which part name
+// refuses an acquisition, {0, value, PTTL, index, ...}; false when the
+// part is not in the script or does not refuse. A lock key's refusal has
+// its key's 1-based index instead.
+func (l *Layout) Refusal(name string) (int, bool) {
+	i, ok := l.refusal[name]
+	return i, ok
+}
+
+// Assemble returns template with the layout's tables (K, A, R, I and
+// TOKEN) at "--@ layout" and the parts' sections at each hook.
 func (l *Layout) Assemble(template string) string {
 	var out strings.Builder
 	for line := range strings.Lines(template) {
@@ -200,16 +229,21 @@ func (l *Layout) Assemble(template string) string {
 
 // tables renders K, A and R.
 func (l *Layout) tables() string {
-	var k, a, r []string
+	var k, a, r, i []string
 	for _, p := range l.parts {
 		o := l.key[p.Name]
 		k = append(k, fmt.Sprintf("%s = %s", p.Name, offset(o[0], o[1])))
 		a = append(a, fmt.Sprintf("%s = %d", p.Name, l.arg[p.Name]))
 		r = append(r, fmt.Sprintf("%s = %d", p.Name, l.reply[p.Name]))
+		if x, ok := l.refusal[p.Name]; ok {
+			i = append(i, fmt.Sprintf("%s = %d", p.Name, x))
+		}
 	}
 	return "local K = {" + strings.Join(k, ", ") + "}\n" +
 		"local A = {" + strings.Join(a, ", ") + "}\n" +
-		"local R = {" + strings.Join(r, ", ") + "}\n"
+		"local R = {" + strings.Join(r, ", ") + "}\n" +
+		"local I = {" + strings.Join(i, ", ") + "}\n" +
+		fmt.Sprintf("local TOKEN = %d\n", TokenLen)
 }
 
 // offset renders a*n + b in Lua.

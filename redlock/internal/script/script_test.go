@@ -40,6 +40,34 @@ func TestLayout(t *testing.T) {
 	}
 }
 
+// TestRefusal: the parts that refuse get the indexes 0, -1, ... in the
+// order of the parts in the script (a lock key's is its index, >= 1);
+// the others, and those not in the script, none.
+func TestRefusal(t *testing.T) {
+	record := Part{Name: "record", Fixed: 1, Refuses: true, Hooks: map[string]string{"check": "x"}}
+	gate := Part{Name: "gate", Fixed: 2, Hooks: map[string]string{"check": "y"}}
+	mark := Part{Name: "mark", Fixed: 1, Refuses: true, Hooks: map[string]string{"check": "z"}}
+	other := Part{Name: "other", Refuses: true, Hooks: map[string]string{"released": "w"}}
+	for _, tc := range []struct {
+		what  string
+		parts []Part
+		name  string
+		want  int
+		ok    bool
+	}{
+		{"record, first", []Part{other, record, gate, mark}, "record", 0, true},
+		{"mark, after the record", []Part{other, record, gate, mark}, "mark", -1, true},
+		{"mark alone", []Part{gate, mark}, "mark", 0, true},
+		{"a part that does not refuse", []Part{record, gate, mark}, "gate", 0, false},
+		{"a part not in the script", []Part{other, record}, "other", 0, false},
+	} {
+		got, ok := New([]string{"check", "granted"}, 3, 1, tc.parts...).Refusal(tc.name)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: Refusal = %d, %v; want %d, %v", tc.what, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
 // TestAssemble: the tables go at the layout line, each part's sections
 // at their hooks in order, each in its own block; a section may serve
 // several hooks.
@@ -50,10 +78,11 @@ func TestAssemble(t *testing.T) {
 	}
 	l := New([]string{"check", "granted"}, 3, 1,
 		Part{Name: "p", PerKey: 1, Args: 1, Reply: 1, Hooks: frag},
-		Part{Name: "q", Fixed: 1, Hooks: map[string]string{"granted": "f()"}})
+		Part{Name: "q", Fixed: 1, Refuses: true, Hooks: map[string]string{"granted": "f()"}})
 	got := l.Assemble("local n = 2\n--@ layout\n--@ check\nif x then\n  --@ granted\nend\n")
 	want := "local n = 2\n" +
 		"local K = {p = n, q = 2 * n}\nlocal A = {p = 3, q = 4}\nlocal R = {p = 1, q = 2}\n" +
+		"local I = {q = 0}\nlocal TOKEN = 32\n" +
 		"do -- p\n  local a = K.p\nend\n" +
 		"if x then\n  do -- p\n    local a = K.p\n  end\n  do -- q\n    f()\n  end\nend\n"
 	if got != want {
