@@ -91,11 +91,13 @@ type peer struct {
 // recording for its nodes. (A *redis.ClusterClient does not run it.)
 func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	cfg := config{
-		driftFactor:      DefaultDriftFactor,
-		nodeTimeout:      DefaultNodeTimeout,
-		minValidity:      DefaultMinValidity,
-		fencingRetention: DefaultFencingRetention,
-		lock:             lockConfig{retry: DefaultRetry},
+		driftFactor: DefaultDriftFactor,
+		nodeTimeout: DefaultNodeTimeout,
+		minValidity: DefaultMinValidity,
+		lock:        lockConfig{retry: DefaultRetry},
+	}
+	for _, setDefault := range clientDefaults {
+		setDefault(&cfg)
 	}
 	for i, o := range opts {
 		if o == nil {

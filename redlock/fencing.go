@@ -169,6 +169,9 @@ func WithFencingRetention(d time.Duration) Option {
 	return clientOption(func(c *config) { c.fencingRetention = d })
 }
 
+// defaultFencingRetention sets WithFencingRetention's default.
+func defaultFencingRetention(cfg *config) { cfg.fencingRetention = DefaultFencingRetention }
+
 // checkFencingRetention validates WithFencingRetention.
 func checkFencingRetention(cfg *config) error {
 	if cfg.fencingRetention < time.Second {

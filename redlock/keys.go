@@ -45,6 +45,15 @@ const tokenLen = script.TokenLen
 // traceparentLen is the length of a version-00 W3C traceparent.
 const traceparentLen = 55
 
+// reserved says why name may not name a resource (nor a key that an
+// option adds), or "": the gate marker of releases before 0.2.
+func reserved(name string) string {
+	if name == legacyGateName {
+		return "releases before 0.2 kept the restart gate marker under it"
+	}
+	return ""
+}
+
 // newToken returns a random owner token, or, for a reentrant owner, the
 // token every acquisition of that owner shares.
 func newToken(owner string) string {

@@ -112,15 +112,18 @@ func serviceOf[T service](c *Client) T {
 	return zero
 }
 
-// clientChecks validate the features' options at New, and callChecks
+// clientDefaults set the features' defaults of a Client's options
+// before New applies the options given; clientChecks validate the
+// features' options at New, and callChecks
 // those a call may also be given (at New, for its LockOptions, too), each
 // naming the bad value; ttlChecks are the features' limits on every TTL
 // of a Client (CheckTTL: ttl as given, "" when it is within the limit).
 // Each check is in its feature's file.
 var (
-	clientChecks = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
-	callChecks   = []func(cfg *lockConfig) error{checkOwner}
-	ttlChecks    = []func(cfg *config, ttl time.Duration) string{checkGateTTL}
+	clientDefaults = []func(cfg *config){defaultFencingRetention}
+	clientChecks   = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
+	callChecks     = []func(cfg *lockConfig) error{checkOwner}
+	ttlChecks      = []func(cfg *config, ttl time.Duration) string{checkGateTTL}
 )
 
 // releaseLayers returns the layers that opts add to a Release of l, in

@@ -118,7 +118,7 @@ func (cfg *lockConfig) validate() error {
 }
 
 // checkResources rejects an empty list, empty or repeated names, names
-// with a NUL byte and the former gate marker's name (keys.go).
+// with a NUL byte and reserved names (keys.go).
 func (c *Client) checkResources(resources []string) error {
 	if len(resources) == 0 {
 		return invalidf("no resources: name at least one")
@@ -130,8 +130,8 @@ func (c *Client) checkResources(resources []string) error {
 			return invalidf("resources[%d] is empty", i)
 		case hasNUL(r):
 			return invalidf("resource %s contains a NUL byte", quoteName(r))
-		case r == legacyGateName:
-			return invalidf("resource name %q is reserved: releases before 0.2 kept the restart gate marker under it", r)
+		case reserved(r) != "":
+			return invalidf("resource name %q is reserved: %s", r, reserved(r))
 		case dup:
 			return invalidf("resource %s is listed twice (resources[%d] and resources[%d])", quoteName(r), j, i)
 		}

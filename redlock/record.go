@@ -70,8 +70,8 @@ func checkAddedKey(option, what, name string, taken []string, owner string) erro
 		return invalidf("the %s name (%s) is empty", what, option)
 	case hasNUL(name):
 		return invalidf("%s name %s (%s) contains a NUL byte", what, quoteName(name), option)
-	case name == legacyGateName:
-		return invalidf("%s name %s (%s) is reserved: releases before 0.2 kept the restart gate marker under it", what, quoteName(name), option)
+	case reserved(name) != "":
+		return invalidf("%s name %s (%s) is reserved: %s", what, quoteName(name), option, reserved(name))
 	case slices.Contains(taken, name):
 		return invalidf("%s name %s (%s) is also a resource of the lock, or its record", what, quoteName(name), option)
 	case owner != "":
