@@ -274,10 +274,10 @@ func (c *Client) granted(ctx context.Context, a *attempt, k layerCall, rs []Node
 
 // nextAttempt starts an attempt: its value (a new owner token, unless a
 // layer gives the attempt its own: a reentrant owner's, which repeats,
-// with a new acquisition ID of the layer's) becomes the Lock's. Every attempt has its
-// own owner token or acquisition ID, so that the undo or cleanup of one
-// attempt never deletes what a later attempt set (a reentrant undo
-// removes its own hold only).
+// with a new acquisition ID of the layer's) becomes the Lock's. Every
+// attempt has its own owner token or acquisition ID, so that the undo or
+// cleanup of one attempt never deletes what a later attempt set (a
+// reentrant undo removes its own hold only).
 func (l *Lock) nextAttempt() *attempt {
 	a := &attempt{l: l, token: newToken("")}
 	for _, y := range l.layers {

@@ -264,9 +264,10 @@ func (c *Client) validity(start time.Time, ttl time.Duration) time.Duration {
 // this Client return for ttl before any I/O, or nil: a TTL below 1 ms,
 // one that leaves no more than the minimum validity (WithMinValidity)
 // after the clock drift allowance, or one above a feature's limit (the
-// restart gate, WithRestartGating). The error matches ErrInvalidArgument and names the
-// limit. Packages built on a Client (scheduler, elector) call it when they
-// are configured, so that a TTL every call would reject is reported once.
+// restart gate, WithRestartGating). The error matches ErrInvalidArgument
+// and names the limit. Packages built on a Client (scheduler, elector)
+// call it when they are configured, so that a TTL every call would reject
+// is reported once.
 // No I/O; safe for concurrent use.
 func (c *Client) CheckTTL(ttl time.Duration) error {
 	if p := c.ttlProblem(ttl); p != "" {

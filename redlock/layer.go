@@ -55,13 +55,13 @@ type layer interface {
 	// begin sets up an attempt: a reentrant owner's token, and the
 	// layer's own state for it (reentrancy's acquisition ID).
 	begin(a *attempt)
-	// reply reads v, a reply to script k (acquire or extend) that the
-	// core does not read: the core reads {1, ...} granted and {0,
-	// holder's value, PTTL, i} refused by lock key i >= 1 (acquire), and
-	// 0, 1 and 3 (extend); a layer reads what its own fragment returns
-	// (a refusal by its keys, gating's {2, ms left}). False when v is not
-	// one of the layer's.
-	// lay is the script's layout (a refusal's index: Layout.Refusal).
+	// reply reads v, a reply to script k (acquire or extend), laid out by
+	// lay, that the core does not read: the core reads {1, ...} granted
+	// and {0, holder's value, PTTL, i} refused by lock key i >= 1
+	// (acquire), and 0, 1 and 3 (extend); a layer reads what its own
+	// fragment returns (a refusal by its keys, with its index
+	// lay.Refusal; gating's {2, ms left}). False when v is not one of the
+	// layer's.
 	reply(l *Lock, k scriptKind, lay *script.Layout, v any) (NodeResult, bool)
 	// granted runs after a quorum granted attempt a (rs: the replies to
 	// k, laid out by lay) and before the validity is checked; an error
@@ -112,13 +112,12 @@ func serviceOf[T service](c *Client) T {
 	return zero
 }
 
-// clientDefaults set the features' defaults of a Client's options
-// before New applies the options given; clientChecks validate the
-// features' options at New, and callChecks
-// those a call may also be given (at New, for its LockOptions, too), each
-// naming the bad value; ttlChecks are the features' limits on every TTL
-// of a Client (CheckTTL: ttl as given, "" when it is within the limit).
-// Each check is in its feature's file.
+// clientDefaults set the features' defaults of a Client's options before
+// New applies the options given. clientChecks validate the features'
+// options at New, and callChecks those a call may also be given (at New,
+// for its LockOptions, too), each naming the bad value; ttlChecks are the
+// features' limits on every TTL of a Client (CheckTTL: ttl as given, ""
+// when it is within the limit). Each is in its feature's file.
 var (
 	clientDefaults = []func(cfg *config){defaultFencingRetention}
 	clientChecks   = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
