@@ -335,7 +335,9 @@ func (e *Elector) Leader(ctx context.Context) (identity string, err error) {
 }
 
 // Run campaigns until ctx ends: it tries to take the lease every retry
-// period; as leader it renews the lease every renew interval and steps down
+// period (asking a quorum of the nodes first, redlock.WithQuorumFirst: a
+// follower's campaign against a leader costs a quorum of commands); as
+// leader it renews the lease every renew interval and steps down
 // when renewal cannot reach a quorum before the lease's local deadline,
 // then campaigns again. When ctx ends it resigns (releases the lease, so
 // that another candidate leads within its retry period rather than after the
@@ -356,7 +358,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		cctx, span := e.tracer.Start(ctx, tracing.SpanCampaign, trace.WithAttributes(
 			tracing.Election.String(e.name), tracing.Identity.String(e.cfg.identity)))
 		lease, err := e.client.TryAcquire(cctx, []string{e.res}, e.cfg.ttl,
-			redlock.WithMetadata(e.cfg.identity), redlock.WithFencing(true))
+			redlock.WithMetadata(e.cfg.identity), redlock.WithFencing(true), redlock.WithQuorumFirst())
 		if err == nil {
 			span.SetAttributes(tracing.Outcome.String(tracing.OutcomeGranted), tracing.Term.Int64(int64(lease.FencingToken())))
 			span.End()

@@ -383,6 +383,65 @@ func TestFailedCampaignLeavesNoBlockingKey(t *testing.T) {
 	}
 }
 
+// countHook counts the lock commands (scripts, SET) a client sends.
+type countHook struct{ n atomic.Int32 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (h *countHook) count(cmd redis.Cmder) {
+	switch cmd.Name() {
+	case "eval", "evalsha", "set":
+		h.n.Add(1)
+	}
+}
+
+// TestFollowerCampaignsOnAQuorum: a follower's campaigns against a
+// leader ask a quorum of the nodes (redlock.WithQuorumFirst), always the
+// same: on 3 nodes, one node gets none of them.
+func TestFollowerCampaignsOnAQuorum(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	w := &windows{}
+	opts := []elector.Option{elector.WithLeaseTTL(10 * time.Second), elector.WithRetryPeriod(20 * time.Millisecond)}
+	a := startCandidate(t, cl, "a", w, opts...)
+	waitLeader(t, []*candidate{a}, 3*time.Second)
+	hooks := make([]*countHook, len(cl))
+	var clients []redis.UniversalClient
+	for i, s := range cl {
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr()})
+		hooks[i] = &countHook{}
+		rdb.AddHook(hooks[i])
+		clients = append(clients, rdb)
+	}
+	b := startCandidateOn(t, clients, "b", w, opts...)
+	time.Sleep(500 * time.Millisecond) // b campaigns and fails many times
+	b.stop()
+	var got []int32
+	idle := 0
+	for _, h := range hooks {
+		got = append(got, h.n.Load())
+		if h.n.Load() == 0 {
+			idle++
+		}
+	}
+	if idle != 1 || b.started.Load() != 0 {
+		t.Errorf("a follower's lock commands per node %v (led %d times); want one node never asked, the other two asked", got, b.started.Load())
+	}
+}
+
 func TestNewValidatesTiming(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})

@@ -211,11 +211,12 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 	}
 	qerr.refusal = l.cfg.refusalText
 	// Undo on every node that may have granted, also where the answer is
-	// missing or an error (step 5); "held" and "gated" answers set nothing.
+	// missing or an error (step 5); "held" and "gated" answers set nothing,
+	// and a node never asked (WithQuorumFirst) got nothing.
 	// Why the undo never overtakes its own grant on a node: Client.undo.
 	skip, none := make([]bool, len(rs)), true
 	for i, r := range rs {
-		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated
+		skip[i] = r.Outcome == OutcomeHeld || r.Outcome == OutcomeGated || r.unasked
 		none = none && skip[i]
 	}
 	if !none { // else every node refused: nothing to undo
@@ -279,8 +280,9 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 		// it answers again; a first attempt (and TryAcquire, which a
 		// caller may retry through a burst that only slows the nodes)
 		// waits for every node, and so does a settling round.
-		skipDown: retrying && n > 1,
-		wait:     untilKnown,
+		skipDown:    retrying && n > 1,
+		wait:        untilKnown,
+		quorumFirst: l.cfg.quorumFirst,
 	}
 	if !retrying || l.cfg.patient {
 		// A TryAcquire, or a patient round (WithPatientRounds), that lost

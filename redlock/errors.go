@@ -201,7 +201,9 @@ const (
 	// OutcomePending: the round was decided by the other nodes' answers
 	// (a quorum, or so many refusals that a quorum was impossible) before
 	// this node answered. Nothing is wrong with the node; a grant it makes
-	// of a failed acquisition is deleted by the undo that follows it.
+	// of a failed acquisition is deleted by the undo that follows it. A
+	// round with WithQuorumFirst may also decide without asking the node
+	// at all (its text then says "not asked").
 	OutcomePending
 )
 
@@ -249,6 +251,7 @@ type NodeResult struct {
 	HolderMark int64
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
+	unasked     bool   // OutcomePending: never asked (WithQuorumFirst)
 	regained    bool   // extend, OutcomeHeld: the missing keys are set again
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
 	reply       []any  // the script's reply, for the layers (fencing)
@@ -509,6 +512,9 @@ func describe(e *QuorumError, r NodeResult) string {
 	case OutcomeGated:
 		return "not voting yet: it has no restart-gate marker (a new node, or one that lost its data) and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
+		if r.unasked {
+			return "not asked: the round ended on the answers of the nodes asked first (WithQuorumFirst)"
+		}
 		return "not waited for: the other nodes' answers had decided the outcome"
 	}
 	return r.Outcome.String()

@@ -22,3 +22,15 @@ func Down(c *Client, i int) bool { return c.peers[i].down.Load() }
 // MarkDown makes c count node i as down until it answers again, as a
 // round that waited the node timeout for it in vain does.
 func MarkDown(c *Client, i int) { c.peers[i].down.Store(true) }
+
+// AskedFirst returns the nodes that a round with WithQuorumFirst asks
+// first for a lock whose first resource is resource, when no node is down.
+func AskedFirst(c *Client, resource string) []bool {
+	n := len(c.peers)
+	first := make([]bool, n)
+	start := int(fnv1a(c.cfg.keyPrefix+resource) % uint32(n))
+	for j := range c.quorum {
+		first[(start+j)%n] = true
+	}
+	return first
+}

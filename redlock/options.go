@@ -105,6 +105,7 @@ type lockConfig struct {
 	noWake         bool                             // WithReleaseNotices(false) given to the call or to New
 	refusalText    func(NodeResult) string          // WithRefusalText
 	patient        bool                             // WithPatientRounds
+	quorumFirst    bool                             // WithQuorumFirst
 }
 
 type clientOption func(*config)
@@ -239,6 +240,34 @@ func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
 // node does not slow every retry (design.md). Default off.
 func WithPatientRounds() LockOption {
 	return lockOption(func(l *lockConfig) { l.patient = true })
+}
+
+// WithQuorumFirst makes each acquire round of the call ask a quorum of
+// the nodes first and the others only when those answers leave a quorum
+// possible: a round lost to a holder costs a quorum of commands instead
+// of one per node. The quorum asked first starts at a node chosen by the
+// lock's first key, so every caller of the same resources asks the same
+// nodes first. The other nodes are asked as soon as
+// a node asked first grants (a grant wins on every node it can, also on
+// those asked last) or fails (an error, a restart gate), or at half the
+// node timeout while one of them is still silent after the others
+// refused; they are never asked when the first answers make a quorum
+// impossible. A node never asked is OutcomePending,
+// gets no undo, and its error text says so.
+//
+// A winner's round takes the same one round trip (it returns once the
+// quorum granted, with the other nodes' calls already queued ahead of
+// anything it sends next, like any round decided at a quorum) when the
+// nodes asked first grant, and two when one of them refused: contenders
+// that split the first nodes meet again on the others in the same round. Exclusion is unchanged: whether
+// a lock is held is decided by the same quorum of grants, and a node
+// asked later is a node whose request was delayed (docs/safety.md, "A
+// quorum first"). It suits callers whose rounds usually lose to a holder
+// (package scheduler: every instance of a fleet asks for each scheduled
+// time, one wins). Default off: every node is asked at once (redis.io
+// distlock spec, step 2).
+func WithQuorumFirst() LockOption {
+	return lockOption(func(l *lockConfig) { l.quorumFirst = true })
 }
 
 // WithRefusalText sets how the call's error texts describe a node that

@@ -146,9 +146,13 @@ func TestNodeTimeoutPerCall(t *testing.T) {
 	if _, err := c.TryAcquire(ctx, []string{"short"}, time.Second); !errors.Is(err, redlock.ErrUnavailable) {
 		t.Fatalf("with the Client's 50ms node timeout: %v, want ErrUnavailable", err)
 	}
-	l, err := c.TryAcquire(ctx, []string{"long"}, 5*time.Second, redlock.WithNodeTimeout(time.Second))
+	// 3 s: the first call's timed-out commands closed their connections,
+	// and its undo goes first on each node, so this call may wait for two
+	// dials through the slow links (about 3 round trips each) and its own
+	// round trip: about 900 ms, and more on a loaded machine.
+	l, err := c.TryAcquire(ctx, []string{"long"}, 5*time.Second, redlock.WithNodeTimeout(3*time.Second))
 	if err != nil {
-		t.Fatalf("with a 1s node timeout for the call: %v", err)
+		t.Fatalf("with a 3s node timeout for the call: %v", err)
 	}
 	if err := l.Extend(ctx, 5*time.Second); err != nil {
 		t.Errorf("Extend of that Lock: %v", err)

@@ -64,12 +64,13 @@ type tally struct {
 	nodes, quorum int
 	ok, bad       int // answers for and against a quorum
 	down          int // nodes counted as failed that have not answered (skipDown)
+	unasked       int // nodes that will not be asked (WithQuorumFirst)
 }
 
 // decide reports whether the outcome of a round with tally t is known
 // under rule w. It is a pure function of its arguments.
 func decide(t tally, w waitRule) bool {
-	all := t.ok+t.bad == t.nodes
+	all := t.ok+t.bad+t.unasked == t.nodes
 	switch w {
 	case untilAll:
 		return all
@@ -105,9 +106,12 @@ type broadcast struct {
 	deadline time.Time
 	// plain, when set, goes instead of the script to the nodes that take
 	// SET NX GET (TryAcquire of a plain lock).
-	plain   *call
-	attempt int           // acquire: 1-based, for telemetry
-	ttl     time.Duration // acquire: for the validity attribute
+	plain *call
+	// quorumFirst asks a quorum of the nodes first and the others only
+	// when needed (WithQuorumFirst; quorumfirst.go).
+	quorumFirst bool
+	attempt     int           // acquire: 1-based, for telemetry
+	ttl         time.Duration // acquire: for the validity attribute
 }
 
 // vote runs k on every node and returns once the outcome is known.
@@ -168,6 +172,7 @@ type roundState struct {
 	t        tally
 	decided  bool
 	done     chan struct{} // closed once decided
+	held     heldBack      // WithQuorumFirst: the nodes not asked yet
 }
 
 // round sends the command to every node at once and returns every node's
@@ -247,20 +252,27 @@ func (rs *roundState) sendAll() {
 			rs.t.down++
 		}
 	}
+	if rs.b.quorumFirst {
+		rs.holdBack()
+	}
 	rs.mu.Lock()
 	rs.decideLocked()
+	none := rs.calls == 0
 	rs.mu.Unlock()
-	if rs.calls == 0 {
+	if none {
 		rs.ended()
 	}
 	calls := make([]nodeCall, len(rs.c.peers))
 	for i, p := range rs.c.peers {
-		if rs.results[i].Outcome >= 0 {
-			continue
+		if rs.held.first != nil && !rs.held.first[i] || rs.results[i].Outcome >= 0 {
+			continue // held back (asked by askRest, which may run already), or skipped
 		}
 		if err := rs.send(&calls[i], p, rs.b.plain != nil && !p.noSetGet.Load()); err != nil {
 			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed, canceled: true})
 		}
+	}
+	if rs.held.first != nil {
+		rs.startHedge()
 	}
 }
 
@@ -375,8 +387,17 @@ func (rs *roundState) noAnswer(p *peer, err error) NodeResult {
 // answer records p's answer, unless the round was decided before it came.
 func (rs *roundState) answer(p *peer, r NodeResult) {
 	rs.mu.Lock()
+	last := rs.answerLocked(p, r)
+	rs.mu.Unlock()
+	if last {
+		rs.ended()
+	}
+}
+
+// answerLocked is answer with rs.mu held; it reports whether every call
+// sent has been answered.
+func (rs *roundState) answerLocked(p *peer, r NodeResult) bool {
 	rs.answered++
-	last := rs.answered == rs.calls
 	if !rs.decided {
 		rs.results[p.idx] = r
 		if rs.counted != nil && rs.counted[p.idx] {
@@ -387,12 +408,10 @@ func (rs *roundState) answer(p *peer, r NodeResult) {
 		} else {
 			rs.t.bad++
 		}
+		rs.held.answered(rs, p.idx, r) // may ask the other nodes
 		rs.decideLocked()
 	}
-	rs.mu.Unlock()
-	if last {
-		rs.ended()
-	}
+	return rs.answered == rs.calls
 }
 
 // ended runs once every call has been answered.
@@ -428,12 +447,15 @@ func (rs *roundState) finish() []NodeResult {
 		rs.decided = true // answers after this are not recorded
 		close(rs.done)
 	}
+	rs.held.stop()
 	results := rs.results // no one writes it any more
 	rs.mu.Unlock()
 	for i := range results {
 		r := &results[i]
 		switch {
 		case r.Outcome >= 0:
+		case rs.held.later(i):
+			*r = unasked(rs.c.peers[i], time.Since(rs.start))
 		case rs.counted != nil && rs.counted[i] && !cut:
 			r.Outcome, r.Err, r.Latency = OutcomeTimeout, explain(rs.c.peers[i], errDown), time.Since(rs.start)
 		default:

@@ -228,11 +228,13 @@ func TestLongJobKeepsItsLock(t *testing.T) {
 	t.Parallel()
 	cl := redlocktest.Start(t, 3)
 	rec := &recorder{}
-	const ttl = 300 * time.Millisecond
+	// 600 ms: extended about every 200 ms; 300 ms lost the lock under a
+	// load average of 6 on 2 cores, when the extension could not run.
+	const ttl = 600 * time.Millisecond
 	for i := range 3 {
 		startInstance(t, cl, rec, instanceSpec{
 			id: i, def: gocron.CronJob("* * * * * *", true),
-			jobTime: 5 * ttl, // 1.5 s: spans the next tick
+			jobTime: 1500 * time.Millisecond, // spans the next tick: 2.5 TTLs
 			opts:    []scheduler.LockerOption{scheduler.WithTTL(ttl)},
 		})
 	}
