@@ -267,6 +267,14 @@ func TestReleaseLogWritesBesideTheRelease(t *testing.T) {
 			t.Errorf("node %d: the lock is still there", i)
 		}
 	}
+	badReleaseLogs(t, c)
+}
+
+// badReleaseLogs checks that a Release with a bad release log fails with
+// ErrInvalidArgument.
+func badReleaseLogs(t *testing.T, c *redlock.Client) {
+	t.Helper()
+	ctx := context.Background()
 	l, err := c.TryAcquire(ctx, []string{"run"}, time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -77,10 +77,18 @@ func TestReentryNeverShortensTheTTL(t *testing.T) {
 	if err := short.Extend(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// A node that the first TryAcquire did not wait for (a loaded machine:
+	// its call may come after the round, or never) may lack the key, or
+	// have it from the extension's regain, with its TTL: a quorum keeps
+	// the first hold's.
+	kept, ttls := 0, make([]time.Duration, len(cl))
 	for i, s := range cl {
-		if ttl := s.Client(t).PTTL(ctx, "r").Val(); ttl < 5*time.Second {
-			t.Errorf("node %d: PTTL = %v after a shorter reentry and extension, want the first hold's 10s kept", i, ttl)
+		if ttls[i] = s.Client(t).PTTL(ctx, "r").Val(); ttls[i] >= 5*time.Second {
+			kept++
 		}
+	}
+	if kept < c.Quorum() {
+		t.Errorf("PTTLs %v after a shorter reentry and extension: want the first hold's 10s kept on a quorum", ttls)
 	}
 	_ = short.Release(ctx)
 	_ = long.Release(ctx)

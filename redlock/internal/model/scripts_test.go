@@ -67,37 +67,57 @@ func (n *redisNode) run(c Call) any {
 	return v
 }
 
-// store reads the node's key space as a Store (PTTLs from now).
+// dumpScript reads the whole key space and the clock in one script, so
+// that a pause of the test process while the keys are read neither lets
+// keys expire between them nor moves their expiry: {now in ms, {key,
+// type, value (a string, or a flat list of fields and values, or the
+// list's elements), PTTL}...}.
+var dumpScript = redis.NewScript(`
+local t = redis.call('TIME')
+local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+for _, k in ipairs(redis.call('KEYS', '*')) do
+  local typ = redis.call('TYPE', k)['ok']
+  local v = false
+  if typ == 'string' then v = redis.call('GET', k)
+  elseif typ == 'hash' then v = redis.call('HGETALL', k)
+  elseif typ == 'list' then v = redis.call('LRANGE', k, 0, -1)
+  end
+  out[#out + 1] = {k, typ, v, redis.call('PTTL', k)}
+end
+return out
+`)
+
+// store reads the node's key space as a Store, at the node's time of
+// the reading (dumpScript).
 func (n *redisNode) store() Store {
-	ctx := context.Background()
-	st := Store{Now: n.now()}
-	keys, err := n.rdb.Keys(ctx, "*").Result()
+	v, err := dumpScript.Run(context.Background(), n.rdb, nil).Slice()
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	for _, k := range keys {
-		e := Entry{Key: k}
-		switch typ := n.rdb.Type(ctx, k).Val(); typ {
+	st := Store{Now: v[0].(int64)}
+	for _, x := range v[1:] {
+		kv := x.([]any)
+		e := Entry{Key: kv[0].(string)}
+		switch typ := kv[1].(string); typ {
 		case "string":
-			e.Kind, e.Str = 's', n.rdb.Get(ctx, k).Val()
+			e.Kind, e.Str = 's', kv[2].(string)
 		case "hash":
 			e.Kind = 'h'
-			for f, v := range n.rdb.HGetAll(ctx, k).Val() {
-				e.Hash = append(e.Hash, Field{f, v})
+			h := kv[2].([]any)
+			for i := 0; i+1 < len(h); i += 2 {
+				e.Hash = append(e.Hash, Field{h[i].(string), h[i+1].(string)})
 			}
 			slices.SortFunc(e.Hash, func(a, b Field) int { return strings.Compare(a.Name, b.Name) })
 		case "list":
-			e.Kind, e.List = 'l', n.rdb.LRange(ctx, k, 0, -1).Val()
-		case "none":
-			continue // expired meanwhile
+			e.Kind = 'l'
+			for _, y := range kv[2].([]any) {
+				e.List = append(e.List, y.(string))
+			}
 		default:
-			n.t.Fatalf("key %q of type %s", k, typ)
+			n.t.Fatalf("key %q of type %s", e.Key, typ)
 		}
-		switch pttl := n.rdb.PTTL(ctx, k).Val(); {
-		case pttl == -2: // expired after its value was read
-			continue
-		case pttl > 0:
-			e.Exp = st.Now + pttl.Milliseconds()
+		if pttl := kv[3].(int64); pttl > 0 {
+			e.Exp = st.Now + pttl
 		}
 		st.put(e)
 	}
@@ -274,9 +294,10 @@ func (ls *lockstep) call(what string, c Call) any {
 // compare fails the test when the key spaces differ.
 func (ls *lockstep) compare(what string) {
 	ls.t.Helper()
-	ls.model.Now = ls.node.now()
+	st := ls.node.store()
+	ls.model.Now = st.Now
 	ls.model.Purge()
-	if d := diffStores(ls.node.store(), ls.model); d != "" {
+	if d := diffStores(st, ls.model); d != "" {
 		ls.t.Fatalf("%s: the key spaces differ:\n%s\nmodel:\n%s", what, d, ls.model.String())
 	}
 }
