@@ -87,6 +87,12 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 		}
 		prefixed[i] = c.cfg.keyPrefix + k
 	}
+	return c.eval(ctx, s, keys, prefixed, args)
+}
+
+// eval runs s on the prefixed keys (named keys in errors) on every node:
+// Eval without its checks.
+func (c *Client) eval(ctx context.Context, s *Script, keys, prefixed []string, args ...any) ([]NodeReply, error) {
 	rs := c.vote(ctx, call{op: "eval", timeout: s.timeout, script: s.s, keys: prefixed, args: args, parse: parseEval})
 	out := make([]NodeReply, len(rs))
 	for i, r := range rs {
@@ -139,7 +145,16 @@ func (c *Client) ReleaseAbandoned(ctx context.Context, resource, metadata, mark 
 	if metadata == "" {
 		return 0, invalidf("the metadata (ReleaseAbandoned) is empty: it would match every lock without metadata")
 	}
-	replies, err := c.Eval(ctx, &Script{s: abandonScript}, keys, metadata)
+	if c.closed.Load() {
+		return 0, wrapf([]error{ErrClosed}, "script not run: the client is closed")
+	}
+	// The reentrant holds beside the lock key: a key with holds is not a
+	// plain lock, and stays.
+	prefixed := []string{c.cfg.keyPrefix + resource, c.cfg.keyPrefix + resource + holdsSuffix}
+	if mark != "" {
+		prefixed = append(prefixed, c.cfg.keyPrefix+mark)
+	}
+	replies, err := c.eval(ctx, &Script{s: abandonScript}, keys, prefixed, metadata)
 	n := 0
 	for _, r := range replies {
 		if v, ok := r.Val.(int64); ok && r.Err == nil && v == 1 {

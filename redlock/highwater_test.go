@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -232,6 +233,38 @@ func TestReleaseAbandonedDeletesOnlyItsMetadata(t *testing.T) {
 	}
 	if _, err := c.ReleaseAbandoned(ctx, "run", "", ""); !errors.Is(err, redlock.ErrInvalidArgument) {
 		t.Errorf("ReleaseAbandoned with no metadata: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestReleaseAbandonedLeavesReentrantLocks: ReleaseAbandoned deletes
+// plain locks only, as its doc says. It deleted a WithOwner lock's key and
+// left the holds beside it, a state no script expects (found by the
+// attacker pass on issue 32).
+func TestReleaseAbandonedLeavesReentrantLocks(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"run"}, 10*time.Second, redlock.WithOwner("o"), redlock.WithMetadata("me@1/n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.ReleaseAbandoned(ctx, "run", "me@1/n", ""); n != 0 || err != nil {
+		t.Errorf("ReleaseAbandoned of a reentrant lock = %d, %v; want 0, nil (plain locks only)", n, err)
+	}
+	waitSettled(t, c)
+	for i, keys := range cl.Keys(t) {
+		if !slices.Contains(keys, "run") {
+			t.Errorf("node %d keys %q: the reentrant lock's key was deleted", i, keys)
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("the owner's Release: %v", err)
+	}
+	waitSettled(t, c)
+	for i, keys := range cl.Keys(t) {
+		if len(keys) != 0 {
+			t.Errorf("node %d keys %q after the owner's Release, want none", i, keys)
+		}
 	}
 }
 

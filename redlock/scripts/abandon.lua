@@ -1,7 +1,8 @@
--- Abandon: delete the lock key KEYS[1] when its value carries exactly the
+-- Abandon: delete the lock key KEYS[1] when it is a plain lock (no
+-- reentrant holds KEYS[2] beside it) whose value carries exactly the
 -- metadata ARGV[1] (keys.go: the owner token, then '-' or '_' and the
 -- metadata, or 'T' or 't', a 55-character traceparent and the metadata);
--- and, when KEYS[2] is given, put back the high-water mark before the one
+-- and, when KEYS[3] is given, put back the high-water mark before the one
 -- that an acquisition with that metadata raised there (as an undo does,
 -- release.lua). Reply: 1 when it deleted or put back something, else 0.
 -- TOKEN is the owner token's length (internal/script).
@@ -14,20 +15,20 @@ local function metadata(v)
 end
 local done = 0
 local v = redis.call('GET', KEYS[1])
-if v and metadata(v) == ARGV[1] then
+if v and metadata(v) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[1])
   done = 1
 end
-if KEYS[2] then
-  local m = redis.call('HMGET', KEYS[2], 'v', 'pm', 'pv')
+if KEYS[3] then
+  local m = redis.call('HMGET', KEYS[3], 'v', 'pm', 'pv')
   if m[1] and metadata(m[1]) == ARGV[1] then
     if m[2] == 'r' then
       -- the mark before is not known (an earlier undo put this one
       -- back): leave it, a scheduled time lost rather than run twice
     elseif m[2] and m[2] ~= '' then
-      redis.call('HSET', KEYS[2], 'm', m[2], 'v', m[3], 'pm', 'r', 'pv', '')
+      redis.call('HSET', KEYS[3], 'm', m[2], 'v', m[3], 'pm', 'r', 'pv', '')
     else
-      redis.call('DEL', KEYS[2])
+      redis.call('DEL', KEYS[3])
     end
     done = 1
   end

@@ -223,7 +223,7 @@ func (l LockSpec) NoteCall(token int64, aid string) Call {
 // AbandonCall is Client.ReleaseAbandoned's call for a lock of one
 // resource with metadata md (and the lock's mark, if any).
 func (l LockSpec) AbandonCall(md string) Call {
-	keys := l.lockKeys()[:1]
+	keys := []string{l.lockKeys()[0], l.lockKeys()[0] + holdsSuffix}
 	if l.Mark != "" {
 		keys = append(keys, l.Prefix+l.Mark)
 	}

@@ -45,6 +45,9 @@ type ClientSpec struct {
 	Extends  int
 	Keep     bool
 	Writes   bool
+	// QuorumFirst: its acquire rounds ask a quorum of the nodes first
+	// (WithQuorumFirst; quorumfirst.go).
+	QuorumFirst bool
 	// Start is the first tick at which it may acquire. Eager makes it
 	// acquire at Start and retry at the next tick after a failed attempt,
 	// rather than at any time: a directed run for the timing of one

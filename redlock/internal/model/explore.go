@@ -408,6 +408,7 @@ func encode(b []byte, s *State) []byte {
 		for n := range Nodes {
 			flag(c.AcqOK[n])
 			flag(c.AcqSkip[n])
+			flag(c.Round.Held[n])
 			r := c.Round.Res[n]
 			b = append(b, r.Out)
 			i64(r.R1)

@@ -41,7 +41,7 @@ type Client struct {
 	// The round the client waits for: one at a time (Extend and Release
 	// of a Lock are serialised; an attempt's rounds follow each other).
 	Round                Round
-	AcqOK, AcqSkip       [Nodes]bool // the attempt's acquire round: granted; answered held or gated (undo skips)
+	AcqOK, AcqSkip       [Nodes]bool // the attempt's acquire round: granted; answered held or gated, or never asked (undo skips)
 	Tok, Largest, Kept   int64       // the attempt's fencing figures (fencing.go)
 	ExtStart, ExtTTL     int64       // the Extend in its round
 	ExtByKeep            bool
@@ -74,12 +74,13 @@ type Round struct {
 	Seq    int   // replies of older rounds are ignored
 	End    int64 // the client's clock at which the round stops waiting
 	Res    [Nodes]Reply
-	Answer int // answers so far
+	Answer int         // answers so far (with the unasked nodes)
+	Held   [Nodes]bool // nodes held back, not asked yet (quorumfirst.go)
 }
 
 // Reply is one node's answer in a round.
 type Reply struct {
-	Out             byte // 'O' ok, 'H' held (another owner, or not ours), 'R' regained (extend), 'G' gated; 0 none yet
+	Out             byte // 'O' ok, 'H' held (another owner, or not ours), 'R' regained (extend), 'G' gated, 'U' never asked (quorum first); 0 none yet
 	R1, R2, R3      int64
 	From, Delivered bool
 }
@@ -213,13 +214,17 @@ func (s *State) broadcast(i int, skip [Nodes]bool, msg Msg) {
 	}
 }
 
-// startRound sends a round's request to every node and waits for it.
+// startRound sends a round's request to every node, or to a quorum of
+// them first (quorumfirst.go), and waits for it.
 func (mm *m) startRound(s *State, i int, kind byte, end int64, msg Msg) {
 	c := &s.Client[i]
 	c.Seq++
 	c.Round = Round{Kind: kind, Seq: c.Seq, End: end}
+	if mm.quorumFirst(i, kind) {
+		c.Round.Held = holdBack()
+	}
 	msg.Seq, msg.Kind = c.Seq, kind
-	s.broadcast(i, [Nodes]bool{}, msg)
+	s.broadcast(i, c.Round.Held, msg)
 }
 
 // startAttempt is acquire.go's attempt, up to its round: a new value (or
@@ -360,6 +365,7 @@ func (mm *m) answer(s *State, i int, msg Msg) {
 	}
 	c.Round.Res[msg.N] = msg.Ans
 	c.Round.Answer++
+	mm.answered(s, i, msg.N) // may ask the nodes held back, or give them up
 	if decided(&c.Round) {
 		mm.finish(s, i)
 	}
@@ -372,6 +378,7 @@ func (mm *m) timers(s *State, i int) {
 	if c.Paused || c.Phase == Done {
 		return
 	}
+	mm.hedge(s, i)
 	if c.Round.Kind != 0 && s.clock(i) >= c.Round.End {
 		mm.finish(s, i)
 	}
@@ -413,7 +420,7 @@ func (mm *m) acquired(s *State, i int, r *Round) {
 	c := &s.Client[i]
 	for n, x := range r.Res {
 		c.AcqOK[n] = x.Out == 'O'
-		c.AcqSkip[n] = x.Out == 'H' || x.Out == 'G'
+		c.AcqSkip[n] = x.Out == 'H' || x.Out == 'G' || x.Out == 'U' || r.Held[n] // held back at the end: never asked
 	}
 	if count(r, 'O') < Quorum {
 		mm.fail(s, i)

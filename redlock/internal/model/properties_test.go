@@ -126,3 +126,101 @@ func TestKleppmannPause(t *testing.T) {
 	cfg.Faults.Pause, cfg.Fencing = 1, false
 	finds(t, cfg, "stale write accepted")
 }
+
+// quorumFirst is base with a node timeout of 4 ticks for configurations
+// with quorum-first clients (WithQuorumFirst): the hedge, at half of it,
+// comes a tick after the first answers, and the answers of the nodes
+// asked later (a second round trip) arrive within the round. With the
+// base's 2 the hedge would fire at T1+1, before any answer could come
+// (they arrive later in that tick), so every round would ask every node
+// at T1+1 and never give the rest up.
+func quorumFirst(name string, horizon int64, clients ...ClientSpec) Config {
+	cfg := base(name, horizon, clients...)
+	cfg.NodeTimeout = 4
+	return cfg
+}
+
+// sawQuorumFirst fails unless each of events was reached: the paths of
+// a quorum-first round the run must cover.
+func sawQuorumFirst(t *testing.T, r Result, events ...string) {
+	t.Helper()
+	for _, e := range events {
+		if r.Events[e] == 0 {
+			t.Errorf("no transition %s: not covered", e)
+		}
+	}
+}
+
+const (
+	qfGivenUp = "quorum first: the rest given up"
+	qfAsked   = "quorum first: the rest asked after a first answer"
+	qfHedge   = "quorum first: the rest asked by the hedge"
+)
+
+// TestQuorumFirstNoFaults is TestNoFaults with quorum-first acquire
+// rounds: a quorum-first client against a plain one under Keep, then
+// two quorum-first clients. Exclusion and fencing order hold, both
+// hand-offs happen, a loser gives the rest up and a winner asks it.
+func TestQuorumFirstNoFaults(t *testing.T) {
+	for _, cfg := range []Config{
+		quorumFirst("quorum first, no faults", pick[int64](9, 12),
+			ClientSpec{Holds: pick(1, 2), Attempts: 2, Extends: 1, QuorumFirst: true},
+			ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Keep: true}),
+		quorumFirst("quorum first (both), no faults", pick[int64](9, 12),
+			ClientSpec{Holds: pick(1, 2), Attempts: 2, Extends: 1, QuorumFirst: true},
+			ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Keep: true, QuorumFirst: true}),
+	} {
+		r := holds(t, cfg)
+		for _, e := range []string{"taken after another owner released", "taken after another owner's lock expired"} {
+			if r.Events[e] == 0 {
+				t.Errorf("%s: no transition %s: liveness not shown", cfg.Name, e)
+			}
+		}
+		sawQuorumFirst(t, r, qfGivenUp, qfAsked)
+	}
+}
+
+// TestQuorumFirstNetworkFaults is TestNetworkFaults with a
+// quorum-first client, the second to ask, against a plain one: lost and
+// delayed requests and answers, among them the first nodes' (the hedge
+// asks the rest) and those of the nodes asked later (a late grant,
+// undone or not). The plain client's Extend only in the long run.
+func TestQuorumFirstNetworkFaults(t *testing.T) {
+	cfg := quorumFirst("quorum first, network faults", pick[int64](7, 10),
+		ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Eager: true},
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, Start: 1, QuorumFirst: true})
+	cfg.Faults = Faults{Loss: 1, Delay: 1, Reorder: pick(0, 1)}
+	sawQuorumFirst(t, holds(t, cfg), qfGivenUp, qfAsked, qfHedge)
+}
+
+// TestQuorumFirstContendersNetworkFaults: two quorum-first clients,
+// which meet on the nodes asked first, with a lost and a delayed
+// message.
+func TestQuorumFirstContendersNetworkFaults(t *testing.T) {
+	cfg := quorumFirst("quorum first (both), network faults", pick[int64](6, 10),
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, QuorumFirst: true},
+		ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Eager: true, Start: 1, QuorumFirst: true})
+	cfg.Faults = Faults{Loss: 1, Delay: 1, Reorder: pick(0, 1)}
+	sawQuorumFirst(t, holds(t, cfg), qfGivenUp, qfAsked, qfHedge)
+}
+
+// TestQuorumFirstRestartsWithGating is TestRestartsWithGating with a
+// quorum-first client against a plain one: two nodes restart empty, and
+// a gated answer from a node asked first asks the rest.
+func TestQuorumFirstRestartsWithGating(t *testing.T) {
+	cfg := gated("quorum first, restarts, gating", pick[int64](13, 16),
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, QuorumFirst: true},
+		ClientSpec{Holds: 1, Attempts: pick(3, 8), Eager: !long(), Start: 2})
+	cfg.NodeTimeout = 4
+	sawQuorumFirst(t, holds(t, cfg), qfGivenUp, qfAsked)
+}
+
+// TestQuorumFirstContendersRestartsWithGating: the same with two
+// quorum-first clients.
+func TestQuorumFirstContendersRestartsWithGating(t *testing.T) {
+	cfg := gated("quorum first (both), restarts, gating", pick[int64](13, 16),
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, QuorumFirst: true},
+		ClientSpec{Holds: 1, Attempts: pick(3, 8), Eager: !long(), Start: 2, QuorumFirst: true})
+	cfg.NodeTimeout = 4
+	sawQuorumFirst(t, holds(t, cfg), qfGivenUp, qfAsked)
+}

@@ -419,16 +419,16 @@ func metadata(v string) (string, bool) {
 // Abandon is scripts/abandon.lua.
 func Abandon(st *Store, keys, argv []string) any {
 	done := int64(0)
-	if v, ok := st.Get(keys[0]); ok {
+	if v, ok := st.Get(keys[0]); ok && st.HLen(keys[1]) == 0 {
 		if md, ok := metadata(v); ok && md == argv[0] {
 			st.Del(keys[0])
 			done = 1
 		}
 	}
-	if len(keys) >= 2 {
-		m, ok := hmget(st, keys[1], "v", "pm", "pv")
+	if len(keys) >= 3 {
+		m, ok := hmget(st, keys[2], "v", "pm", "pv")
 		if md, mdOK := metadata(m[0]); ok[0] && mdOK && md == argv[0] {
-			undoMark(st, keys[1], m, ok)
+			undoMark(st, keys[2], m, ok)
 			done = 1
 		}
 	}
