@@ -87,7 +87,7 @@ func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any
 		}
 		prefixed[i] = c.cfg.keyPrefix + k
 	}
-	return c.eval(ctx, s, keys, prefixed, args)
+	return c.eval(ctx, s, keys, prefixed, args...)
 }
 
 // eval runs s on the prefixed keys (named keys in errors) on every node:
