@@ -259,13 +259,15 @@ func WithPatientRounds() LockOption {
 // quorum granted, with the other nodes' calls already queued ahead of
 // anything it sends next, like any round decided at a quorum) when the
 // nodes asked first grant, and two when one of them refused: contenders
-// that split the first nodes meet again on the others in the same round. Exclusion is unchanged: whether
-// a lock is held is decided by the same quorum of grants, and a node
-// asked later is a node whose request was delayed (docs/safety.md, "A
-// quorum first"). It suits callers whose rounds usually lose to a holder
-// (package scheduler: every instance of a fleet asks for each scheduled
-// time, one wins). Default off: every node is asked at once (redis.io
-// distlock spec, step 2).
+// that split the first nodes meet again on the others in the same round.
+// Exclusion is unchanged: whether a lock is held is decided by the same
+// quorum of grants, and a node asked later is a node whose request was
+// delayed (docs/safety.md, "A quorum first"). It suits callers whose
+// rounds usually lose to a holder that already holds (package elector's
+// followers), not contenders that start at the same instant: those split
+// the nodes asked first and pay more rounds than the quorum saves.
+// Default off: every node is asked at once (redis.io distlock spec, step
+// 2).
 func WithQuorumFirst() LockOption {
 	return lockOption(func(l *lockConfig) { l.quorumFirst = true })
 }

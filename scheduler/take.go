@@ -91,10 +91,10 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 // and is retried. Losers do not wait for the winner's release (no release
 // notices): a refusal by a holder is final. Its rounds are patient
 // (redlock.WithPatientRounds): they wait for every node, also one that
-// timed out in the burst, and losers send no undo. They ask a quorum of
-// the nodes first (redlock.WithQuorumFirst): every instance of the fleet
-// asks for each scheduled time and one wins, so a loser asks no more
-// nodes than its refusal needs.
+// timed out in the burst, and losers send no undo. They ask every node at
+// once, not a quorum first (redlock.WithQuorumFirst): a fleet's instances
+// fire at the same instant, so the nodes asked first split them and the
+// split costs more commands than the quorum saves (docs/benchmarks.md).
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
 	opts := []redlock.LockOption{
 		redlock.WithMetadataFunc(l.metadata),
@@ -103,7 +103,6 @@ func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redl
 		redlock.WithReleaseNotices(false),
 		redlock.WithRefusalText(refusalText),
 		redlock.WithPatientRounds(),
-		redlock.WithQuorumFirst(),
 	}
 	if c.kind != kindManual {
 		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
