@@ -493,16 +493,7 @@ func describe(e *QuorumError, r NodeResult) string {
 		}
 		return okVerb(e.Op)
 	case OutcomeHeld:
-		switch e.Op {
-		case "acquire":
-			return refusedText(e, r)
-		case "fence", "check":
-			return "has a larger fencing token from another acquisition"
-		}
-		if r.regained {
-			return "no longer held this lock (its keys are set there again)"
-		}
-		return "no longer holds this lock"
+		return heldText(e, r)
 	case OutcomeError:
 		if errors.Is(r.Err, ErrClosed) || errors.Is(r.Err, node.ErrClosed) {
 			return "not sent: the client was closed"
@@ -519,6 +510,20 @@ func describe(e *QuorumError, r NodeResult) string {
 		return "not waited for: the other nodes' answers had decided the outcome"
 	}
 	return r.Outcome.String()
+}
+
+// heldText says in words what OutcomeHeld means in round e.
+func heldText(e *QuorumError, r NodeResult) string {
+	switch e.Op {
+	case "acquire":
+		return refusedText(e, r)
+	case "fence", "check":
+		return "has a larger fencing token from another acquisition"
+	}
+	if r.regained {
+		return "no longer held this lock (its keys are set there again)"
+	}
+	return "no longer holds this lock"
 }
 
 // timeoutText says why a node with OutcomeTimeout gave no answer.

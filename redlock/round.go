@@ -236,22 +236,7 @@ func (rs *roundState) nodeTimeout() time.Duration {
 
 // sendAll sends the round's call to every node not skipped.
 func (rs *roundState) sendAll() {
-	for i, p := range rs.c.peers {
-		rs.results[i] = NodeResult{Node: i, Addr: p.addr, Outcome: -1}
-		if i < len(rs.b.skip) && rs.b.skip[i] {
-			rs.results[i].Outcome = OutcomeOK
-			rs.t.ok++
-			continue
-		}
-		rs.calls++
-		if rs.b.skipDown && p.down.Load() {
-			if rs.counted == nil {
-				rs.counted = make([]bool, len(rs.c.peers))
-			}
-			rs.counted[i] = true
-			rs.t.down++
-		}
-	}
+	rs.countNodes()
 	if rs.b.quorumFirst {
 		rs.holdBack()
 	}
@@ -273,6 +258,28 @@ func (rs *roundState) sendAll() {
 	}
 	if rs.held.first != nil {
 		rs.startHedge()
+	}
+}
+
+// countNodes sets up the results and the tally before any call is sent:
+// skipped nodes count as OK, the others as calls, and with skipDown the
+// nodes that are down as failed until they answer.
+func (rs *roundState) countNodes() {
+	for i, p := range rs.c.peers {
+		rs.results[i] = NodeResult{Node: i, Addr: p.addr, Outcome: -1}
+		if i < len(rs.b.skip) && rs.b.skip[i] {
+			rs.results[i].Outcome = OutcomeOK
+			rs.t.ok++
+			continue
+		}
+		rs.calls++
+		if rs.b.skipDown && p.down.Load() {
+			if rs.counted == nil {
+				rs.counted = make([]bool, len(rs.c.peers))
+			}
+			rs.counted[i] = true
+			rs.t.down++
+		}
 	}
 }
 
