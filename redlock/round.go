@@ -306,6 +306,9 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	}
 	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op)
 	nc.Owner = nc
+	// With one node the caller has nothing to do but wait for this reply
+	// (an undo's caller does not wait at all).
+	nc.Inline = len(rs.c.peers) == 1 && !b.async
 	return p.tx.Send(&nc.Call)
 }
 

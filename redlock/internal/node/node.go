@@ -92,6 +92,13 @@ type Call struct {
 	Done func(c *Call, reply *redis.Cmd)
 	// Owner is the caller's, for Done.
 	Owner any
+	// Inline lets Send send the call on the caller's goroutine, and
+	// return after Done ran, when the node has no sender running and
+	// nothing queued: a caller that would only wait for this one reply
+	// (a round on a Client of one node) saves the two goroutine handoffs
+	// of the sender. Calls queued meanwhile go to a sender started
+	// afterwards, so the ordering above holds.
+	Inline bool
 }
 
 // Node is the transport to one Redis node. Its methods are safe for
@@ -121,12 +128,18 @@ func New(rdb redis.UniversalClient) *Node {
 }
 
 // Send queues c; c.Done runs later on the sender goroutine. It never
-// blocks. After Close it queues nothing and returns ErrClosed.
+// blocks, unless c.Inline lets it send c itself (then for as long as the
+// call lasts: its Ctx and Wait bound it). After Close it queues nothing
+// and returns ErrClosed.
 func (n *Node) Send(c *Call) error {
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
 		return ErrClosed
+	}
+	if c.Inline && !n.running && len(n.queue) == 0 {
+		n.sendInline(c)
+		return nil
 	}
 	n.queue = append(n.queue, c)
 	if !n.running {
@@ -139,6 +152,24 @@ func (n *Node) Send(c *Call) error {
 	default:
 	}
 	return nil
+}
+
+// sendInline sends c on the caller's goroutine as the node's sender (n.mu
+// held on entry, released on return), then hands what was queued meanwhile
+// to a sender goroutine.
+func (n *Node) sendInline(c *Call) {
+	n.running, n.ended = true, make(chan struct{})
+	ended := n.ended
+	n.mu.Unlock()
+	n.send([]*Call{c})
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.queue) > 0 {
+		go n.run(ended)
+		return
+	}
+	n.running = false
+	close(ended)
 }
 
 // Flush returns once every call queued before it has been answered or

@@ -319,3 +319,72 @@ func TestWaitBoundsACallFromItsSend(t *testing.T) {
 		t.Errorf("call to a frozen node with Wait 100ms = %v after %v, want a timeout well before the 10s read timeout", err, took)
 	}
 }
+
+// TestInlineCall: an Inline call to an idle node is sent by its caller
+// (Done has run when Send returns); calls queued meanwhile go out after it,
+// in queue order, on a sender started afterwards; an Inline call to a busy
+// node is queued like any other.
+func TestInlineCall(t *testing.T) {
+	n, _, h := start(t)
+	ctx := context.Background()
+	inline := func(args ...any) (sent chan error, reply chan *redis.Cmd) {
+		sent, reply = make(chan error, 1), make(chan *redis.Cmd, 1)
+		c := &node.Call{Ctx: ctx, Keys: []string{"k"}, Args: args, Inline: true,
+			Done: func(_ *node.Call, r *redis.Cmd) { reply <- r }}
+		go func() { sent <- n.Send(c) }()
+		return sent, reply
+	}
+
+	sent, reply := inline("set", "k", "0")
+	if err := <-sent; err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	select {
+	case r := <-reply:
+		if r.Err() != nil {
+			t.Fatalf("inline SET: %v", r.Err())
+		}
+	default:
+		t.Fatal("Send of an Inline call to an idle node returned before Done ran")
+	}
+
+	unhold := h.holdNext()
+	sent, reply = inline("set", "k", "1", "get")
+	time.Sleep(20 * time.Millisecond) // the caller sends it and waits in the hook
+	var queued []<-chan *redis.Cmd
+	for i := range 5 {
+		queued = append(queued, call(t, n, ctx, nil, []string{"k"}, "set", "k", fmt.Sprint(i+2), "get"))
+	}
+	select {
+	case err := <-sent:
+		t.Fatalf("Send of the held Inline call returned (%v) before its reply", err)
+	default:
+	}
+	unhold()
+	if err := <-sent; err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	if got, err := (<-reply).Text(); err != nil || got != "0" {
+		t.Errorf("inline SET GET = %q, %v; want \"0\"", got, err)
+	}
+	for i, r := range queued {
+		if got, err := (<-r).Text(); err != nil || got != fmt.Sprint(i+1) {
+			t.Errorf("queued call %d: SET GET = %q, %v; want %q (queue order after the inline call)", i, got, err, fmt.Sprint(i+1))
+		}
+	}
+
+	release := busy(t, n, h)
+	sent, reply = inline("get", "k")
+	if err := <-sent; err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	select {
+	case <-reply:
+		t.Error("an Inline call to a busy node was answered before the busy call")
+	default:
+	}
+	release()
+	if got, err := (<-reply).Text(); err != nil || got != "6" {
+		t.Errorf("GET after the busy call = %q, %v; want \"6\"", got, err)
+	}
+}
