@@ -2,8 +2,7 @@ package redlock
 
 import (
 	"context"
-	"fmt"
-	"strings"
+	"reflect"
 	"sync"
 	"time"
 
@@ -210,20 +209,35 @@ type assembled struct {
 	in     []bool // per layer of the combination: in the script
 }
 
-// scriptCache holds the assembled scripts by kind and layer names: a
-// handful per process.
-var scriptCache sync.Map
+// scriptKey names one assembled script: its kind and its layers' types,
+// in order (a layer's type: two may share a part name, wake.go).
+type scriptKey struct {
+	kind  scriptKind
+	types [maxLayers]reflect.Type
+}
+
+// maxLayers bounds the layers of one script: the registry's and a
+// Release's log.
+const maxLayers = 16
+
+// scriptCache holds the assembled scripts: a handful per process.
+var scriptCache struct {
+	sync.RWMutex
+	m map[scriptKey]*assembled
+}
 
 // assemble returns script k for layers, assembling it once per
 // combination.
 func assemble(k scriptKind, layers []layer) *assembled {
-	var id strings.Builder
-	id.WriteByte(byte('0' + k))
-	for _, y := range layers {
-		fmt.Fprintf(&id, " %T", y) // a layer's type: two may share a part name (wake.go)
+	key := scriptKey{kind: k}
+	for i, y := range layers {
+		key.types[i] = reflect.TypeOf(y)
 	}
-	if v, ok := scriptCache.Load(id.String()); ok {
-		return v.(*assembled)
+	scriptCache.RLock()
+	a, ok := scriptCache.m[key]
+	scriptCache.RUnlock()
+	if ok {
+		return a
 	}
 	t := templates[k]
 	parts := make([]script.Part, len(layers))
@@ -231,12 +245,20 @@ func assemble(k scriptKind, layers []layer) *assembled {
 		parts[i] = y.part()
 	}
 	lay := script.New(t.hooks, t.args, t.replies, parts...)
-	a := &assembled{layout: lay, script: node.NewScript(lay.Assemble(*t.src)), in: make([]bool, len(layers))}
+	a = &assembled{layout: lay, script: node.NewScript(lay.Assemble(*t.src)), in: make([]bool, len(layers))}
 	for i := range layers {
 		a.in[i] = parts[i].In(t.hooks)
 	}
-	v, _ := scriptCache.LoadOrStore(id.String(), a)
-	return v.(*assembled)
+	scriptCache.Lock()
+	defer scriptCache.Unlock()
+	if old, ok := scriptCache.m[key]; ok {
+		return old
+	}
+	if scriptCache.m == nil {
+		scriptCache.m = map[scriptKey]*assembled{}
+	}
+	scriptCache.m[key] = a
+	return a
 }
 
 // layerCall is a script's call with what its layers need afterwards.

@@ -83,3 +83,11 @@ func TestANewFeatureIsOneLayer(t *testing.T) {
 		t.Errorf("after Release the node has keys %q, want neither the lock's nor the counter", m.Keys())
 	}
 }
+
+// TestScriptKeyHoldsEveryLayer: a script's key has room for every layer
+// of the registry and a Release's log.
+func TestScriptKeyHoldsEveryLayer(t *testing.T) {
+	if n := len(registry) + 1; n > maxLayers {
+		t.Fatalf("%d layers (the registry's and a Release's log), scriptKey holds %d: raise maxLayers", n, maxLayers)
+	}
+}

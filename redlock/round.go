@@ -155,7 +155,8 @@ func (c *Client) undo(ctx context.Context, k call, skip []bool) {
 // roundState is one round in progress.
 type roundState struct {
 	c       *Client
-	cmd     []any           // the command every node gets (node.Call.Args)
+	cmd     []any           // the command every node gets (node.Call.Args), made by command
+	cmdOnce sync.Once
 	ctx     context.Context // the caller's, with the round's span
 	callCtx context.Context // the calls': deadline, detached or not
 	cancel  context.CancelFunc
@@ -196,10 +197,6 @@ func (c *Client) round(ctx context.Context, b broadcast) []NodeResult {
 		rs.callCtx, rs.cancel = context.WithCancel(context.WithoutCancel(rs.ctx))
 	} else {
 		rs.callCtx, rs.cancel = context.WithDeadline(rs.ctx, end)
-	}
-	rs.cmd = b.args
-	if b.script != nil {
-		rs.cmd = b.script.Command(b.keys, b.args...) // once, for every node
 	}
 	rs.sendAll()
 	if b.async {
@@ -296,13 +293,15 @@ type nodeCall struct {
 // b.plain instead of the script. It fails only after Close.
 func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	b := rs.b
-	*nc = nodeCall{Call: node.Call{Script: b.script, Keys: b.keys, Args: rs.cmd, Reorderable: b.cleanup,
+	*nc = nodeCall{Call: node.Call{Script: b.script, Keys: b.keys, Reorderable: b.cleanup,
 		Done: reply}, rs: rs, p: p, plain: plain}
 	if b.cleanup {
 		nc.Wait = rs.nodeTimeout()
 	}
 	if plain {
 		nc.Script, nc.Args = nil, b.plain.args
+	} else {
+		nc.Args = rs.command()
 	}
 	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op)
 	nc.Owner = nc
@@ -310,6 +309,18 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	// (an undo's caller does not wait at all).
 	nc.Inline = len(rs.c.peers) == 1 && !b.async
 	return p.tx.Send(&nc.Call)
+}
+
+// command returns the round's command, made once for every node that gets
+// it (none does when each takes b.plain).
+func (rs *roundState) command() []any {
+	rs.cmdOnce.Do(func() {
+		rs.cmd = rs.b.args
+		if rs.b.script != nil {
+			rs.cmd = rs.b.script.Command(rs.b.keys, rs.b.args...)
+		}
+	})
+	return rs.cmd
 }
 
 // reply handles a node's reply to a round's call (node.Call.Done).
