@@ -230,11 +230,12 @@ func (c *Client) attempt(ctx context.Context, l *Lock, n int, retrying bool) *Qu
 	qerr.refusal = l.cfg.refusalText
 	// Undo on every node that may have granted, also where the answer is
 	// missing or an error (step 5); a refusal set nothing, and a node
-	// never asked (WithQuorumFirst) got nothing.
+	// that the round never asked (its asking order gave it up) got
+	// nothing.
 	// Why the undo never overtakes its own grant on a node: Client.undo.
 	skip, none := make([]bool, len(rs)), true
 	for i, r := range rs {
-		skip[i] = r.refused || r.unasked
+		skip[i] = r.refused || r.unsent
 		none = none && skip[i]
 	}
 	if !none { // else every node refused: nothing to undo
@@ -298,9 +299,9 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 		// it answers again; a first attempt (and TryAcquire, which a
 		// caller may retry through a burst that only slows the nodes)
 		// waits for every node, and so does a settling round.
-		skipDown:    retrying && n > 1,
-		wait:        untilKnown,
-		quorumFirst: l.cfg.quorumFirst,
+		skipDown: retrying && n > 1,
+		wait:     untilKnown,
+		order:    l.order(), // a layer's (layer.order), or every node at once
 	}
 	if !retrying || l.cfg.patient {
 		// A TryAcquire, or a patient round (WithPatientRounds), that lost

@@ -251,7 +251,7 @@ type NodeResult struct {
 	HolderMark int64
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
-	unasked     bool   // OutcomePending: never asked (WithQuorumFirst)
+	unsent      bool   // OutcomePending: never asked (round.go, forgoLocked)
 	regained    bool   // extend, OutcomeHeld: the missing keys are set again
 	refused     bool   // acquire: the node refused and set nothing (the undo skips it)
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
@@ -504,7 +504,7 @@ func describe(e *QuorumError, r NodeResult) string {
 	case OutcomeGated:
 		return "not voting yet: it has no restart-gate marker (a new node, or one that lost its data) and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
-		if r.unasked {
+		if r.unsent {
 			return "not asked: the round ended on the answers of the nodes asked first (WithQuorumFirst)"
 		}
 		return "not waited for: the other nodes' answers had decided the outcome"

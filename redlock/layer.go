@@ -75,6 +75,10 @@ type layer interface {
 	wait(ctx context.Context, l *Lock, q *QuorumError, d time.Duration) bool
 	// done runs once an Acquire or TryAcquire of l ends, acquired or not.
 	done(l *Lock, acquired bool)
+	// order returns a new asking order for one acquire round of the Lock
+	// (round.go, askingOrder: which nodes are asked first, and when the
+	// others are), or nil. The first layer that has one gives it.
+	order() askingOrder
 }
 
 // registry makes the layers of one Lock from its options, in order; each
@@ -89,6 +93,7 @@ var registry = []func(c *Client, cfg *lockConfig, resources []string, retrying b
 	newHighWater,
 	newWakeMark,
 	newWakeNotice,
+	newQuorumFirst,
 }
 
 // A service is a feature's state shared by the Locks of one Client
@@ -157,7 +162,8 @@ func (baseLayer) released(*Lock, []any) {}
 func (baseLayer) wait(context.Context, *Lock, *QuorumError, time.Duration) bool {
 	return false
 }
-func (baseLayer) done(*Lock, bool) {}
+func (baseLayer) done(*Lock, bool)   {}
+func (baseLayer) order() askingOrder { return nil }
 
 // perKey returns lockKeys, each with suffix: a key per resource.
 func perKey(lockKeys []string, suffix string) []string {
@@ -295,6 +301,17 @@ func (l *Lock) scriptCall(k scriptKind, op string, a *attempt, parse func(*redis
 		lc.call.args = append(lc.call.args, args...)
 	}
 	return lc
+}
+
+// order returns the asking order of one acquire round of l: the first
+// layer's that has one (layer.order), or nil: every node at once.
+func (l *Lock) order() askingOrder {
+	for _, y := range l.layers {
+		if o := y.order(); o != nil {
+			return o
+		}
+	}
+	return nil
 }
 
 // layerOf returns the layer of type T of l (a nil Lock has none), or T's

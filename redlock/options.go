@@ -242,36 +242,6 @@ func WithPatientRounds() LockOption {
 	return lockOption(func(l *lockConfig) { l.patient = true })
 }
 
-// WithQuorumFirst makes each acquire round of the call ask a quorum of
-// the nodes first and the others only when those answers leave a quorum
-// possible: a round lost to a holder costs a quorum of commands instead
-// of one per node. The quorum asked first starts at a node chosen by the
-// lock's first key, so every caller of the same resources asks the same
-// nodes first. The other nodes are asked as soon as
-// a node asked first grants (a grant wins on every node it can, also on
-// those asked last) or fails (an error, a restart gate), or at half the
-// node timeout while one of them is still silent after the others
-// refused; they are never asked when the first answers make a quorum
-// impossible. A node never asked is OutcomePending,
-// gets no undo, and its error text says so.
-//
-// A winner's round takes the same one round trip (it returns once the
-// quorum granted, with the other nodes' calls already queued ahead of
-// anything it sends next, like any round decided at a quorum) when the
-// nodes asked first grant, and two when one of them refused: contenders
-// that split the first nodes meet again on the others in the same round.
-// Exclusion is unchanged: whether a lock is held is decided by the same
-// quorum of grants, and a node asked later is a node whose request was
-// delayed (docs/safety.md, "A quorum first"). It suits callers whose
-// rounds usually lose to a holder that already holds (package elector's
-// followers), not contenders that start at the same instant: those split
-// the nodes asked first and pay more rounds than the quorum saves.
-// Default off: every node is asked at once (redis.io distlock spec, step
-// 2).
-func WithQuorumFirst() LockOption {
-	return lockOption(func(l *lockConfig) { l.quorumFirst = true })
-}
-
 // WithRefusalText sets how the call's error texts describe a node that
 // refused its acquisition: text(r) replaces the default `held by
 // "worker-2" for another 850ms` (or `"m" is at mark 120, set by

@@ -1,157 +1,194 @@
 package redlock
 
-import "time"
+import (
+	"time"
 
-// A round with WithQuorumFirst asks a quorum of the nodes first and holds
-// the others back. It asks them as soon as a node asked first answers
-// anything but a refusal (a grant needs more grants, a failure another
-// node), once every node asked first answered and a quorum is still
-// possible, or at half the node timeout when one of those is still
-// silent (the hedge); never when the first answers already make a
-// quorum impossible: then
-// they are unasked (OutcomePending), their results say so, and no undo
-// goes to them. Everything below runs with roundState.mu held, except
-// holdBack (before any call is sent), startHedge and hedged (the timer's).
+	"github.com/schedlock/schedlock/redlock/internal/script"
+)
+
+// Quorum-first asking (WithQuorumFirst): an asking order of the Lock's
+// acquire rounds (round.go, askingOrder), given by a layer that is in no
+// script. A round asks a quorum of the nodes first and holds the others
+// back. It asks them as soon as a node asked first answers anything but
+// a refusal (a grant needs more grants, a failure another node), once
+// every node asked first answered and a quorum is still possible, or at
+// half the node timeout when one of those is still silent (the hedge);
+// never when the first answers already make a quorum impossible: then
+// they are given up (forgoLocked: OutcomePending, unsent), their results
+// say so ("not asked", errors.go), and no undo goes to them (the undo
+// skips unsent nodes, acquire.go). Everything below runs with
+// roundState.mu held, except first (before any call is sent), sent and
+// hedged (the timer's), which take it through whileUndecided.
+//
+// The later calls are queued before the round is decided, so they too
+// precede on their nodes whatever the caller sends after the round (an
+// undo, a Release).
 //
 // Why exclusion does not depend on it: a lock is held when a quorum
 // granted within the validity, counted the same way; a node asked late is
 // a node whose request was delayed, which every round must survive
 // anyway (docs/safety.md, "A quorum first").
 
-// heldBack is what a round has not asked yet.
-type heldBack struct {
-	first []bool      // the nodes asked first; nil when none is held back (never changes once set)
-	back  []bool      // the nodes held back, not asked yet
-	n     int         // how many are held back
-	left  int         // nodes asked first that have not answered
-	hedge *time.Timer // asks the rest at half the node timeout
+// WithQuorumFirst makes each acquire round of the call ask a quorum of
+// the nodes first and the others only when those answers leave a quorum
+// possible: a round lost to a holder costs a quorum of commands instead
+// of one per node. The quorum asked first starts at a node chosen by the
+// lock's first key, so every caller of the same resources asks the same
+// nodes first. The other nodes are asked as soon as
+// a node asked first grants (a grant wins on every node it can, also on
+// those asked last) or fails (an error, a restart gate), or at half the
+// node timeout while one of them is still silent after the others
+// refused; they are never asked when the first answers make a quorum
+// impossible. A node never asked is OutcomePending,
+// gets no undo, and its error text says so.
+//
+// A winner's round takes the same one round trip (it returns once the
+// quorum granted, with the other nodes' calls already queued ahead of
+// anything it sends next, like any round decided at a quorum) when the
+// nodes asked first grant, and two when one of them refused: contenders
+// that split the first nodes meet again on the others in the same round.
+// Exclusion is unchanged: whether a lock is held is decided by the same
+// quorum of grants, and a node asked later is a node whose request was
+// delayed (docs/safety.md, "A quorum first"). It suits callers whose
+// rounds usually lose to a holder that already holds (package elector's
+// followers), not contenders that start at the same instant: those split
+// the nodes asked first and pay more rounds than the quorum saves.
+// Default off: every node is asked at once (redis.io distlock spec, step
+// 2).
+func WithQuorumFirst() LockOption {
+	return lockOption(func(l *lockConfig) { l.quorumFirst = true })
 }
 
-// later reports whether node i is held back, not asked yet.
-func (h *heldBack) later(i int) bool { return h.n > 0 && h.back[i] }
+// quorumFirstLayer is the layer of a Lock with WithQuorumFirst: it adds
+// nothing to the scripts, only the asking order of its acquire rounds.
+type quorumFirstLayer struct{ baseLayer }
 
-// stop stops the hedge.
-func (h *heldBack) stop() {
-	if h.hedge != nil {
-		h.hedge.Stop()
+func newQuorumFirst(_ *Client, cfg *lockConfig, _ []string, _ bool) (layer, error) {
+	if !cfg.quorumFirst {
+		return nil, nil
 	}
+	return quorumFirstLayer{}, nil
 }
 
-// holdBack chooses the nodes asked first: a quorum, in the ring order of
-// the nodes from the one that the round's first key names. It is the
-// same for every caller of the same resources, whatever each knows of
-// the nodes, so that contenders meet on the same nodes: a node asked
-// first that is down costs a winner nothing (its first grant asks the
-// others) and a loser the hedge, while passing over it would let
-// callers that disagree on whether it is down ask different nodes first
-// and split them.
-func (rs *roundState) holdBack() {
+// part has no hooks: the layer is in no script.
+func (quorumFirstLayer) part() script.Part { return script.Part{Name: "quorumfirst"} }
+
+// order returns a new quorum-first order for one acquire round.
+func (quorumFirstLayer) order() askingOrder { return &quorumFirst{} }
+
+// quorumFirst is one round's quorum-first order: what it has not asked
+// yet.
+type quorumFirst struct {
+	firsts []bool      // the nodes asked first (never changes once set)
+	back   []bool      // the nodes held back, not asked yet
+	n      int         // how many are held back
+	left   int         // nodes asked first that have not answered
+	hedge  *time.Timer // asks the rest at half the node timeout
+}
+
+// first chooses the nodes asked first: a quorum, in the ring order of the
+// nodes from the one that the round's first key names; nil when that is
+// every node called. It is the same for every caller of the same
+// resources, whatever each knows of the nodes, so that contenders meet
+// on the same nodes: a node asked first that is down costs a winner
+// nothing (its first grant asks the others) and a loser the hedge, while
+// passing over it would let callers that disagree on whether it is down
+// ask different nodes first and split them.
+func (h *quorumFirst) first(rs *roundState) []bool {
 	n, q := len(rs.c.peers), rs.c.quorum
-	h := heldBack{first: make([]bool, n), back: make([]bool, n)}
+	first, back := make([]bool, n), make([]bool, n)
 	start := 0
 	if len(rs.b.keys) > 0 {
 		start = int(fnv1a(rs.b.keys[0]) % uint32(n))
 	}
+	left, held := 0, 0
 	for j := range n {
 		i := (start + j) % n
 		switch {
-		case rs.results[i].Outcome >= 0: // not called (broadcast.skip)
-		case h.left < q:
-			h.first[i] = true
-			h.left++
+		case rs.b.skipped(i): // not called
+		case left < q:
+			first[i] = true
+			left++
 		default:
-			h.back[i] = true
-			h.n++
+			back[i] = true
+			held++
 		}
 	}
-	if h.n == 0 {
-		return
+	if held == 0 {
+		return nil
 	}
-	rs.calls -= h.n
-	rs.held = h
+	h.firsts, h.back, h.n, h.left = first, back, held, left
+	return first
 }
 
-// startHedge starts the hedge, once the nodes asked first have their
-// calls, unless the rest was asked or given up already.
-func (rs *roundState) startHedge() {
-	rs.mu.Lock()
-	if !rs.decided && rs.held.n > 0 {
-		rs.held.hedge = time.AfterFunc(rs.nodeTimeout()/2, rs.hedged)
-	}
-	rs.mu.Unlock()
+// sent starts the hedge, once the nodes asked first have their calls,
+// unless the rest was asked or given up already.
+func (h *quorumFirst) sent(rs *roundState) {
+	rs.whileUndecided(func() {
+		if h.n > 0 {
+			h.hedge = time.AfterFunc(rs.nodeTimeout()/2, func() { h.hedged(rs) })
+		}
+	})
 }
 
 // answered goes on after node i answered r: it asks the nodes held back,
 // or gives them up, when the answers of the nodes asked first say so.
-func (h *heldBack) answered(rs *roundState, i int, r NodeResult) {
-	if h.n == 0 || !h.first[i] {
+func (h *quorumFirst) answered(rs *roundState, i int, r NodeResult) {
+	if h.n == 0 || !h.firsts[i] {
 		return
 	}
 	h.left--
 	switch {
 	case rs.t.bad > rs.t.nodes-rs.t.quorum:
-		rs.giveUpRest()
+		h.giveUpRest(rs)
 	case r.Outcome != OutcomeHeld || h.left == 0:
-		rs.askRest() // a grant needs more grants; a failure, another node
+		h.askRest(rs) // a grant needs more grants; a failure, another node
 	}
 }
 
 // hedged asks the nodes held back when a node asked first is still
 // silent at half the node timeout.
-func (rs *roundState) hedged() {
-	rs.mu.Lock()
-	last := false
-	if !rs.decided && rs.held.n > 0 {
-		rs.askRest()
-		last = rs.answered == rs.calls
-	}
-	rs.mu.Unlock()
-	if last {
-		rs.ended()
+func (h *quorumFirst) hedged(rs *roundState) {
+	rs.whileUndecided(func() {
+		if h.n > 0 {
+			h.askRest(rs)
+		}
+	})
+}
+
+// waiting reports whether node i is held back, not asked yet.
+func (h *quorumFirst) waiting(i int) bool { return h.n > 0 && h.back[i] }
+
+// stop stops the hedge.
+func (h *quorumFirst) stop() {
+	if h.hedge != nil {
+		h.hedge.Stop()
 	}
 }
 
-// askRest sends the round's call to the nodes held back. Sent before the
-// round is decided, each call is queued on its node ahead of anything
-// the caller sends after the round (an undo, a Release).
-func (rs *roundState) askRest() {
-	h := &rs.held
+// askRest sends the round's call to the nodes held back.
+func (h *quorumFirst) askRest(rs *roundState) {
 	h.stop()
 	for i, back := range h.back {
 		if !back {
 			continue
 		}
 		h.back[i], h.n = false, h.n-1
-		p := rs.c.peers[i]
-		rs.calls++
-		if err := rs.send(new(nodeCall), p, rs.b.plain != nil && !p.noSetGet.Load()); err != nil {
-			rs.answerLocked(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed, canceled: true})
-		}
+		rs.askLocked(i)
 	}
 }
 
-// giveUpRest marks the nodes held back as never asked: the answers of
-// the nodes asked first make a quorum impossible.
-func (rs *roundState) giveUpRest() {
-	h := &rs.held
+// giveUpRest gives up the nodes held back: the answers of the nodes
+// asked first make a quorum impossible.
+func (h *quorumFirst) giveUpRest(rs *roundState) {
 	h.stop()
 	for i, back := range h.back {
 		if !back {
 			continue
 		}
 		h.back[i], h.n = false, h.n-1
-		rs.results[i] = unasked(rs.c.peers[i], time.Since(rs.start))
-		if rs.counted != nil && rs.counted[i] {
-			rs.counted[i] = false
-			rs.t.down--
-		}
-		rs.t.unasked++
+		rs.forgoLocked(i)
 	}
-}
-
-// unasked is the result of node p, never asked by a round that waited d.
-func unasked(p *peer, d time.Duration) NodeResult {
-	return NodeResult{Node: p.idx, Addr: p.addr, Outcome: OutcomePending, Latency: d, unasked: true}
 }
 
 // fnv1a is the 32-bit FNV-1a hash of s: the same in every process.

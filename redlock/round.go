@@ -64,13 +64,13 @@ type tally struct {
 	nodes, quorum int
 	ok, bad       int // answers for and against a quorum
 	down          int // nodes counted as failed that have not answered (skipDown)
-	unasked       int // nodes that will not be asked (WithQuorumFirst)
+	unsent        int // nodes the round gave up without asking them (forgoLocked)
 }
 
 // decide reports whether the outcome of a round with tally t is known
 // under rule w. It is a pure function of its arguments.
 func decide(t tally, w waitRule) bool {
-	all := t.ok+t.bad+t.unasked == t.nodes
+	all := t.ok+t.bad+t.unsent == t.nodes
 	switch w {
 	case untilAll:
 		return all
@@ -107,12 +107,46 @@ type broadcast struct {
 	// plain, when set, goes instead of the script to the nodes that take
 	// SET NX GET (TryAcquire of a plain lock).
 	plain *call
-	// quorumFirst asks a quorum of the nodes first and the others only
-	// when needed (WithQuorumFirst; quorumfirst.go).
-	quorumFirst bool
-	attempt     int           // acquire: 1-based, for telemetry
-	ttl         time.Duration // acquire: for the validity attribute
+	// order, when set, says which nodes are asked first and when the
+	// others are (askingOrder); nil asks every node at once.
+	order   askingOrder
+	attempt int           // acquire: 1-based, for telemetry
+	ttl     time.Duration // acquire: for the validity attribute
 }
+
+// An askingOrder asks a round's nodes in an order of its own instead of
+// all at once: a layer's, for the Lock's acquire rounds (layer.order;
+// docs/design.md, "A round"). It is made for one round. The round calls
+// it at fixed points, and it acts on the round only by asking a node it
+// held back (askLocked), by giving one up (forgoLocked) and through
+// whileUndecided.
+type askingOrder interface {
+	// first returns the nodes to ask at once, before the round counts or
+	// sends anything (rs.mu is not held); nil asks every node. The round
+	// neither sends to nor waits for the others until the order asks them.
+	first(rs *roundState) []bool
+	// sent runs once the calls to the first nodes are sent (rs.mu is not
+	// held).
+	sent(rs *roundState)
+	// answered runs after node i answered r, while the round is undecided
+	// (rs.mu is held, r is counted).
+	answered(rs *roundState, i int, r NodeResult)
+	// waiting reports whether node i was neither asked nor given up; the
+	// round's result for it is then unsent. stop ends the order (its
+	// timers). Both run when the round ends (finish, rs.mu held for stop).
+	waiting(i int) bool
+	stop()
+}
+
+// allAtOnce is the asking order of a round without one: every node at
+// once.
+type allAtOnce struct{}
+
+func (allAtOnce) first(*roundState) []bool              { return nil }
+func (allAtOnce) sent(*roundState)                      {}
+func (allAtOnce) answered(*roundState, int, NodeResult) {}
+func (allAtOnce) waiting(int) bool                      { return false }
+func (allAtOnce) stop()                                 {}
 
 // vote runs k on every node and returns once the outcome is known.
 func (c *Client) vote(ctx context.Context, k call) []NodeResult {
@@ -155,7 +189,7 @@ func (c *Client) undo(ctx context.Context, k call, skip []bool) {
 // roundState is one round in progress.
 type roundState struct {
 	c       *Client
-	cmd     []any           // the command every node gets (node.Call.Args), made by command
+	cmd     []any // the command every node gets (node.Call.Args), made by command
 	cmdOnce sync.Once
 	ctx     context.Context // the caller's, with the round's span
 	callCtx context.Context // the calls': deadline, detached or not
@@ -173,7 +207,6 @@ type roundState struct {
 	t        tally
 	decided  bool
 	done     chan struct{} // closed once decided
-	held     heldBack      // WithQuorumFirst: the nodes not asked yet
 }
 
 // round sends the command to every node at once and returns every node's
@@ -185,6 +218,9 @@ type roundState struct {
 // is down until it answers again), or ctx cut the call short (not a
 // failure of the node).
 func (c *Client) round(ctx context.Context, b broadcast) []NodeResult {
+	if b.order == nil {
+		b.order = allAtOnce{}
+	}
 	rs := &roundState{c: c, b: b, start: time.Now(), results: make([]NodeResult, len(c.peers)),
 		t: tally{nodes: len(c.peers), quorum: c.quorum}, done: make(chan struct{})}
 	rs.ctx, rs.span = c.tel.startRound(ctx, b.op, b.attempt, len(c.peers), c.quorum)
@@ -231,12 +267,11 @@ func (rs *roundState) nodeTimeout() time.Duration {
 	return rs.c.cfg.nodeTimeout
 }
 
-// sendAll sends the round's call to every node not skipped.
+// sendAll sends the round's call to every node not skipped, or to those
+// that the round's asking order asks first.
 func (rs *roundState) sendAll() {
-	rs.countNodes()
-	if rs.b.quorumFirst {
-		rs.holdBack()
-	}
+	first := rs.b.order.first(rs)
+	rs.countNodes(first)
 	rs.mu.Lock()
 	rs.decideLocked()
 	none := rs.calls == 0
@@ -246,30 +281,34 @@ func (rs *roundState) sendAll() {
 	}
 	calls := make([]nodeCall, len(rs.c.peers))
 	for i, p := range rs.c.peers {
-		if rs.held.first != nil && !rs.held.first[i] || rs.results[i].Outcome >= 0 {
-			continue // held back (asked by askRest, which may run already), or skipped
+		if first != nil && !first[i] || rs.results[i].Outcome >= 0 {
+			continue // asked later, if at all (the order may ask it already), or skipped
 		}
 		if err := rs.send(&calls[i], p, rs.b.plain != nil && !p.noSetGet.Load()); err != nil {
 			rs.answer(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed, canceled: true})
 		}
 	}
-	if rs.held.first != nil {
-		rs.startHedge()
-	}
+	rs.b.order.sent(rs)
 }
 
+// skipped reports whether node i is not called at all (skip).
+func (b *broadcast) skipped(i int) bool { return i < len(b.skip) && b.skip[i] }
+
 // countNodes sets up the results and the tally before any call is sent:
-// skipped nodes count as OK, the others as calls, and with skipDown the
-// nodes that are down as failed until they answer.
-func (rs *roundState) countNodes() {
+// skipped nodes count as OK, the nodes asked first (all when first is nil)
+// as calls, and with skipDown the nodes that are down, asked or not yet,
+// as failed until they answer.
+func (rs *roundState) countNodes(first []bool) {
 	for i, p := range rs.c.peers {
 		rs.results[i] = NodeResult{Node: i, Addr: p.addr, Outcome: -1}
-		if i < len(rs.b.skip) && rs.b.skip[i] {
+		if rs.b.skipped(i) {
 			rs.results[i].Outcome = OutcomeOK
 			rs.t.ok++
 			continue
 		}
-		rs.calls++
+		if first == nil || first[i] {
+			rs.calls++
+		}
 		if rs.b.skipDown && p.down.Load() {
 			if rs.counted == nil {
 				rs.counted = make([]bool, len(rs.c.peers))
@@ -429,7 +468,7 @@ func (rs *roundState) answerLocked(p *peer, r NodeResult) bool {
 		} else {
 			rs.t.bad++
 		}
-		rs.held.answered(rs, p.idx, r) // may ask the other nodes
+		rs.b.order.answered(rs, p.idx, r) // may ask or give up the nodes not asked yet
 		rs.decideLocked()
 	}
 	return rs.answered == rs.calls
@@ -440,6 +479,52 @@ func (rs *roundState) ended() {
 	rs.cancel()
 	if rs.b.async {
 		rs.finish()
+	}
+}
+
+// askLocked sends the round's call to node i, which its asking order held
+// back. Sent before the round is decided, the call is queued on its node
+// ahead of anything the caller sends after the round (an undo, a
+// Release). rs.mu is held.
+func (rs *roundState) askLocked(i int) {
+	p := rs.c.peers[i]
+	rs.calls++
+	if err := rs.send(new(nodeCall), p, rs.b.plain != nil && !p.noSetGet.Load()); err != nil {
+		rs.answerLocked(p, NodeResult{Node: i, Addr: p.addr, Outcome: OutcomeError, Err: ErrClosed, canceled: true})
+	}
+}
+
+// forgoLocked gives up node i, which its asking order held back: it is
+// never asked, its result is unsent, and the round no longer waits for
+// it (tally.unsent). rs.mu is held.
+func (rs *roundState) forgoLocked(i int) {
+	rs.results[i] = unsent(rs.c.peers[i], time.Since(rs.start))
+	if rs.counted != nil && rs.counted[i] {
+		rs.counted[i] = false
+		rs.t.down--
+	}
+	rs.t.unsent++
+}
+
+// unsent is the result of node p, never asked by a round that waited d:
+// OutcomePending, and no undo goes to it.
+func unsent(p *peer, d time.Duration) NodeResult {
+	return NodeResult{Node: p.idx, Addr: p.addr, Outcome: OutcomePending, Latency: d, unsent: true}
+}
+
+// whileUndecided runs f with rs.mu held unless the round is decided (an
+// asking order's step of its own: its timer), and ends the round when
+// every call sent has been answered after f.
+func (rs *roundState) whileUndecided(f func()) {
+	rs.mu.Lock()
+	last := false
+	if !rs.decided {
+		f()
+		last = rs.answered == rs.calls
+	}
+	rs.mu.Unlock()
+	if last {
+		rs.ended()
 	}
 }
 
@@ -468,15 +553,15 @@ func (rs *roundState) finish() []NodeResult {
 		rs.decided = true // answers after this are not recorded
 		close(rs.done)
 	}
-	rs.held.stop()
+	rs.b.order.stop()
 	results := rs.results // no one writes it any more
 	rs.mu.Unlock()
 	for i := range results {
 		r := &results[i]
 		switch {
 		case r.Outcome >= 0:
-		case rs.held.later(i):
-			*r = unasked(rs.c.peers[i], time.Since(rs.start))
+		case rs.b.order.waiting(i):
+			*r = unsent(rs.c.peers[i], time.Since(rs.start))
 		case rs.counted != nil && rs.counted[i] && !cut:
 			r.Outcome, r.Err, r.Latency = OutcomeTimeout, explain(rs.c.peers[i], errDown), time.Since(rs.start)
 		default:

@@ -30,9 +30,9 @@ func TestDecide(t *testing.T) {
 		{"all: quorum impossible, one due", tally{nodes: 3, quorum: 2, bad: 2}, untilAll, false},
 		{"all: every answer", tally{nodes: 3, quorum: 2, ok: 2, bad: 1}, untilAll, true},
 		{"skipped nodes count as grants", tally{nodes: 1, quorum: 1, ok: 1}, untilAll, true},
-		{"settle: refused by the quorum asked first", tally{nodes: 3, quorum: 2, bad: 2, unasked: 1}, untilSettled, true},
+		{"settle: refused by the quorum asked first", tally{nodes: 3, quorum: 2, bad: 2, unsent: 1}, untilSettled, true},
 		{"settle: split by the quorum asked first", tally{nodes: 3, quorum: 2, ok: 1, bad: 1}, untilSettled, false},
-		{"5 nodes: refused by the quorum asked first", tally{nodes: 5, quorum: 3, bad: 3, unasked: 2}, untilSettled, true},
+		{"5 nodes: refused by the quorum asked first", tally{nodes: 5, quorum: 3, bad: 3, unsent: 2}, untilSettled, true},
 	}
 	for _, tt := range tests {
 		if got := decide(tt.t, tt.w); got != tt.want {
