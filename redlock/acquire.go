@@ -130,8 +130,9 @@ func (l *Lock) nextDelay(policy backoff.BackOff, n, splits int, q *QuorumError) 
 }
 
 // TryAcquire is Acquire with exactly one quorum round and no retry. For
-// one resource without WithOwner, WithFencing or restart gating that round
-// is SET NX GET rather than the acquire script (Redis 7.0 or later; a node
+// one resource and no option that adds to the acquire script (WithOwner,
+// WithFencing, restart gating, WithRecord, WithHighWater) that round is
+// SET NX GET rather than the acquire script (Redis 7.0 or later; a node
 // that rejects it gets the script). A round that can no longer succeed
 // still waits for the other nodes' answers (at most the node timeout), so
 // that its undo goes only to nodes that may have granted, and none when
@@ -260,7 +261,7 @@ func (l *Lock) nextMetadata() error {
 }
 
 // granted returns nil when a quorum of rs granted attempt a and its
-// layers' steps after a grant (fencing's rounds) succeeded.
+// layers' steps after a grant (layer.granted) succeeded.
 func (c *Client) granted(ctx context.Context, a *attempt, k layerCall, rs []NodeResult) *QuorumError {
 	if count(rs, OutcomeOK) < c.quorum {
 		return newQuorumError("acquire", a.l.resources, c.quorum, rs, false, ErrNotAcquired)
@@ -274,11 +275,10 @@ func (c *Client) granted(ctx context.Context, a *attempt, k layerCall, rs []Node
 }
 
 // nextAttempt starts an attempt: its value (a new owner token, unless a
-// layer gives the attempt its own: a reentrant owner's, which repeats,
-// with a new acquisition ID of the layer's) becomes the Lock's. Every
-// attempt has its own owner token or acquisition ID, so that the undo or
-// cleanup of one attempt never deletes what a later attempt set (a
-// reentrant undo removes its own hold only).
+// layer gives the attempt a token of its own, layer.begin) becomes the
+// Lock's. Every attempt has its own owner token, or a layer that keeps
+// the token tells its attempts apart itself, so that the undo or cleanup
+// of one attempt never deletes what a later attempt set.
 func (l *Lock) nextAttempt() *attempt {
 	a := &attempt{l: l, token: newToken("")}
 	for _, y := range l.layers {
@@ -416,8 +416,8 @@ func splitDelay(n int) time.Duration {
 // round hears that node. Each contender undoes its minority, so the
 // resource is free: the next round should come soon, at a random moment
 // that desynchronizes the contenders (redis.io distlock spec, "Retry on
-// failure"), not after a retry delay sized for a held lock, and no release
-// notice will come to wake it.
+// failure"), not after a retry delay sized for a held lock; no holder's
+// release will end a layer's wait (layer.wait) either.
 func splitVote(q *QuorumError) bool {
 	if q.weak || slices.ContainsFunc(q.sentinels, func(e error) bool {
 		return e == ErrUnavailable || e == ErrMisconfigured || e == ErrClosed

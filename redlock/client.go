@@ -22,10 +22,10 @@ import (
 //
 // New starts nothing. A command for a node starts that node's sender
 // goroutine (internal/node), which ends after 100 ms without commands, and
-// a waiting Acquire starts the release-notice subscribers (wake.go), which
-// end when no Acquire waits. Close stops them all at once and returns once
-// they have ended. The Client does not own the go-redis clients: close them
-// after Close.
+// a waiting Acquire starts the release-notice subscribers
+// (WithReleaseNotices), which end when no Acquire waits. Close stops them
+// all at once and returns once they have ended. The Client does not own
+// the go-redis clients: close them after Close.
 type Client struct {
 	peers  []*peer
 	quorum int
@@ -351,7 +351,7 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 		if r.Outcome != OutcomeOK || r.value == "" {
 			continue
 		}
-		v := unmarked(r.value) // a waiter may have marked it on some nodes only
+		v := unmarked(r.value) // the value's layout (keys.go): a layer may have marked it on some nodes only
 		if votes[v]++; votes[v] >= c.quorum {
 			_, md, _ := splitValue(v)
 			return md, true, nil

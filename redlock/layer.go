@@ -14,9 +14,9 @@ import (
 
 // The seam. A layer adds one feature to a lock's rounds: fencing,
 // reentrancy, restart gating, wake on release, the scheduler's records
-// (a record, a high-water mark, a release log). The core (acquire.go,
-// lock.go, round.go) calls the layers at fixed points (docs/design.md
-// lists the few places where it still knows a feature):
+// (a record, a high-water mark, a release log), quorum-first asking. The
+// core (acquire.go, lock.go, round.go) calls the layers at fixed points
+// and names none of them (docs/design.md, "The seam"):
 //
 //   - In the scripts: each layer's Lua fragment (scripts/<layer>.lua)
 //     goes into the core's templates at their hooks (internal/script);
@@ -34,7 +34,9 @@ import (
 //     by its keys, or gating's {2, ms left}), granted (after a quorum
 //     granted, before the validity: more rounds, values for the Lock),
 //     released (after a quorum released), wait (spends Acquire's delay
-//     between attempts: wake) and done (the acquisition ended).
+//     between attempts: wake), done (the acquisition ended) and order (how
+//     an acquire round asks the nodes: round.go's askingOrder; a layer
+//     with only an order, quorumfirst.go, is in no script).
 //
 // Layers are chosen once per Lock, from the options, in the order of
 // registry, which is the order of their keys, arguments, reply elements

@@ -28,7 +28,7 @@ type Lock struct {
 	n         int                                     // number of resources
 	layers    []layer                                 // the features of the Lock's scripts (layer.go)
 	tp        string                                  // traceparent of the acquiring span, stored in the value
-	scripts   [kindUndo + 1]atomic.Pointer[assembled] // its scripts by kind, once assembled (a Release's log aside)
+	scripts   [kindUndo + 1]atomic.Pointer[assembled] // its scripts by kind, once assembled (a Release's extra layers aside)
 
 	// op orders Extend and Release: each holds it for its whole round.
 	op sync.Mutex
@@ -257,9 +257,9 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 //
 // ttl is rounded down to whole milliseconds. Its calls still queued for a
 // node when Until passes are dropped, answers after Until do not count,
-// and it obeys every limit of Acquire (the TTL's range and the restart
-// gate). Concurrent Extend and Release calls on one Lock run one after the
-// other.
+// and it obeys every limit of Acquire on a TTL (CheckTTL: its range and
+// the restart gate). Concurrent Extend and Release calls on one Lock run
+// one after the other.
 //
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
@@ -482,8 +482,8 @@ func untilText(expires time.Time) string {
 // nodes, from this process's view: the start of its last acquire or extend
 // round plus that round's TTL, or a longer earlier one (the nodes never
 // lower a TTL), plus the node timeout within which the round's command
-// went out. Keys set by other holds of a reentrant owner may live longer.
-// l.mu is held.
+// went out. Keys that a layer shares with other Locks (reentrant.go) may
+// live longer. l.mu is held.
 func (l *Lock) keysExpireLocked() time.Time {
 	if l.until.IsZero() {
 		return l.expires

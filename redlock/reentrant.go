@@ -50,6 +50,9 @@ func (*reentrant) keys(lockKeys []string) []string { return perKey(lockKeys, hol
 func (r *reentrant) args(scriptKind, *attempt) []any { return []any{r.aid} }
 
 // begin gives the attempt the owner's token and a new acquisition ID.
+// The token repeats across the owner's attempts, so the acquisition ID is
+// what tells them apart (acquire.go, nextAttempt): the undo or cleanup of
+// one attempt removes its own hold only, never what a later attempt set.
 func (r *reentrant) begin(a *attempt) { a.token, r.aid = r.token, newAcquisitionID() }
 
 // WithOwner makes the lock reentrant for owner (reentrant.go): an

@@ -20,9 +20,9 @@ import (
 // the outcome is known. The round kinds below differ only in the rule of
 // decide they use and in how long their calls live; each is one function.
 //
-//   - vote: fence, check, note, eval, extend (voteUntil: never after the
-//     lock's validity): decided at a quorum of OK answers, or once so many
-//     others came that a quorum is impossible.
+//   - vote: extend (voteUntil: never after the lock's validity), eval and
+//     the layers' own rounds (layer.granted): decided at a quorum of OK
+//     answers, or once so many others came that a quorum is impossible.
 //   - read: HolderMetadata, Holders: every node's answer.
 //   - release and undo: cleanups (below), decided as a vote; an undo is
 //     not waited for at all.
@@ -107,8 +107,8 @@ type broadcast struct {
 	// plain, when set, goes instead of the script to the nodes that take
 	// SET NX GET (TryAcquire of a plain lock).
 	plain *call
-	// order, when set, says which nodes are asked first and when the
-	// others are (askingOrder); nil asks every node at once.
+	// order, when set, says which nodes the round asks at once and when
+	// it asks the others (askingOrder); nil asks every node at once.
 	order   askingOrder
 	attempt int           // acquire: 1-based, for telemetry
 	ttl     time.Duration // acquire: for the validity attribute
@@ -118,8 +118,8 @@ type broadcast struct {
 // all at once: a layer's, for the Lock's acquire rounds (layer.order;
 // docs/design.md, "A round"). It is made for one round. The round calls
 // it at fixed points, and it acts on the round only by asking a node it
-// held back (askLocked), by giving one up (forgoLocked) and through
-// whileUndecided.
+// has not asked yet (askLocked), by giving one up (forgoLocked) and
+// through whileUndecided.
 type askingOrder interface {
 	// first returns the nodes to ask at once, before the round counts or
 	// sends anything (rs.mu is not held); nil asks every node. The round
@@ -295,7 +295,7 @@ func (rs *roundState) sendAll() {
 func (b *broadcast) skipped(i int) bool { return i < len(b.skip) && b.skip[i] }
 
 // countNodes sets up the results and the tally before any call is sent:
-// skipped nodes count as OK, the nodes asked first (all when first is nil)
+// skipped nodes count as OK, the nodes in first (all when first is nil)
 // as calls, and with skipDown the nodes that are down, asked or not yet,
 // as failed until they answer.
 func (rs *roundState) countNodes(first []bool) {
@@ -482,8 +482,8 @@ func (rs *roundState) ended() {
 	}
 }
 
-// askLocked sends the round's call to node i, which its asking order held
-// back. Sent before the round is decided, the call is queued on its node
+// askLocked sends the round's call to node i, which its asking order had
+// not asked yet. Sent before the round is decided, the call is queued on its node
 // ahead of anything the caller sends after the round (an undo, a
 // Release). rs.mu is held.
 func (rs *roundState) askLocked(i int) {
@@ -494,8 +494,8 @@ func (rs *roundState) askLocked(i int) {
 	}
 }
 
-// forgoLocked gives up node i, which its asking order held back: it is
-// never asked, its result is unsent, and the round no longer waits for
+// forgoLocked gives up node i, which its asking order had not asked: it
+// is never asked, its result is unsent, and the round no longer waits for
 // it (tally.unsent). rs.mu is held.
 func (rs *roundState) forgoLocked(i int) {
 	rs.results[i] = unsent(rs.c.peers[i], time.Since(rs.start))
