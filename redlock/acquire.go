@@ -392,7 +392,7 @@ func allInts(v []any) bool {
 func refusal(v string, expires time.Duration, resource string) NodeResult {
 	tp, md, _ := splitValue(v) // never expose the other owner's token
 	return NodeResult{Outcome: OutcomeHeld, Holder: md, Resource: resource, traceparent: tp, HolderTTL: expires,
-		value: unmarked(v), refused: true}
+		value: asWritten(v), refused: true}
 }
 
 // maxSplitDelay bounds the random delay after a split vote; it doubles

@@ -351,7 +351,7 @@ func (c *Client) HolderMetadata(ctx context.Context, resource string) (metadata 
 		if r.Outcome != OutcomeOK || r.value == "" {
 			continue
 		}
-		v := unmarked(r.value) // the value's layout (keys.go): a layer may have marked it on some nodes only
+		v := asWritten(r.value) // the same on every node (keys.go)
 		if votes[v]++; votes[v] >= c.quorum {
 			_, md, _ := splitValue(v)
 			return md, true, nil

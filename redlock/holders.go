@@ -67,7 +67,7 @@ func (c *Client) Holders(ctx context.Context, resources []string) ([]Holding, er
 			if _, _, ok := splitValue(v); !ok {
 				continue
 			}
-			v = unmarked(v) // a waiter may have marked it on some nodes only
+			v = asWritten(v) // the same on every node (keys.go)
 			ttl, _ := r.reply[2*i+1].(int64)
 			votes[v] = append(votes[v], time.Duration(max(ttl, 0))*time.Millisecond)
 			best = max(best, len(votes[v]))

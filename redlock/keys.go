@@ -94,9 +94,10 @@ func splitValue(v string) (traceparent, metadata string, ok bool) {
 	return "", "", false
 }
 
-// unmarked returns v without its wait mark: the value as its owner wrote
-// it, the same on every node.
-func unmarked(v string) string {
+// asWritten returns v as its owner wrote it, the same on every node:
+// without the wait mark that a waiter may have set on some nodes only
+// (wake.go).
+func asWritten(v string) string {
 	if len(v) <= tokenLen {
 		return v
 	}
