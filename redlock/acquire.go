@@ -280,7 +280,7 @@ func (c *Client) granted(ctx context.Context, a *attempt, k layerCall, rs []Node
 // the token tells its attempts apart itself, so that the undo or cleanup
 // of one attempt never deletes what a later attempt set.
 func (l *Lock) nextAttempt() *attempt {
-	a := &attempt{l: l, token: newToken("")}
+	a := &attempt{l: l, token: newToken()}
 	for _, y := range l.layers {
 		y.begin(a)
 	}

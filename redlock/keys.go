@@ -2,7 +2,6 @@ package redlock
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"strings"
 
@@ -54,16 +53,11 @@ func reserved(name string) string {
 	return ""
 }
 
-// newToken returns a random owner token, or, for a reentrant owner, the
-// token every acquisition of that owner shares.
-func newToken(owner string) string {
+// newToken returns a random owner token. (A layer may give an attempt a
+// token of its own: a reentrant owner's, reentrant.go.)
+func newToken() string {
 	var b [tokenLen / 2]byte
-	if owner != "" {
-		sum := sha256.Sum256([]byte("schedlock/redlock owner\x00" + owner))
-		copy(b[:], sum[:])
-	} else {
-		_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	}
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
 	return hex.EncodeToString(b[:])
 }
 

@@ -1,13 +1,15 @@
 package redlock
 
 import (
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 
 	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
 // Reentrancy (WithOwner). Every acquisition of one owner shares an owner
-// token derived from the owner ID (keys.go, newToken), so the acquire
+// token derived from the owner ID (ownerToken), so the acquire
 // script counts the owner's keys as its own, and each acquisition adds its
 // acquisition ID, new for every attempt, as a field of the hash
 // "<key>\x00holds" beside each lock key, in the same script
@@ -38,7 +40,14 @@ func newReentrant(_ *Client, cfg *lockConfig, _ []string, _ bool) (layer, error)
 	if cfg.owner == "" {
 		return nil, nil
 	}
-	return &reentrant{token: newToken(cfg.owner)}, nil
+	return &reentrant{token: ownerToken(cfg.owner)}, nil
+}
+
+// ownerToken returns the owner token that every acquisition of owner
+// shares: derived from the owner ID, as long as a random one (keys.go).
+func ownerToken(owner string) string {
+	sum := sha256.Sum256([]byte("schedlock/redlock owner\x00" + owner))
+	return hex.EncodeToString(sum[:tokenLen/2])
 }
 
 func (*reentrant) part() script.Part { return reentrantPart }

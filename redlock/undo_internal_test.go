@@ -20,7 +20,7 @@ func TestSecondUndoNeverLowersTheMark(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
-	value := func(owner string) string { return newToken(owner) + "-" + owner }
+	value := func(owner string) string { return ownerToken(owner) + "-" + owner }
 	a, b := value("a"), value("b")
 	rdb.HSet(ctx, "mark", "m", "11", "v", b, "pm", "10", "pv", a)
 	// The undo of a lock of one resource "run" with the mark "mark".
