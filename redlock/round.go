@@ -303,7 +303,7 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	} else {
 		nc.Args = rs.command()
 	}
-	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op)
+	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op, &nc.Call)
 	nc.Owner = nc
 	// With one node the caller has nothing to do but wait for this reply
 	// (an undo's caller does not wait at all); it sends the call itself
