@@ -342,11 +342,13 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	} else {
 		nc.Args = rs.command()
 	}
-	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op)
+	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op, &nc.Call)
 	nc.Owner = nc
 	// With one node the caller has nothing to do but wait for this reply
-	// (an undo's caller does not wait at all).
-	nc.Inline = len(rs.c.peers) == 1 && !b.async
+	// (an undo's caller does not wait at all); it sends the call itself
+	// when go-redis ends it at its deadline (docs/design.md, "Inline
+	// calls").
+	nc.Inline = len(rs.c.peers) == 1 && !b.async && p.deadlines
 	return p.tx.Send(&nc.Call)
 }
 
