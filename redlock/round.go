@@ -485,8 +485,8 @@ func (rs *roundState) ended() {
 }
 
 // askLocked sends the round's call to node i, which its asking order had
-// not asked yet. Sent before the round is decided, the call is queued on its node
-// ahead of anything the caller sends after the round (an undo, a
+// not asked yet. Sent before the round is decided, the call is queued on
+// its node ahead of anything the caller sends after the round (an undo, a
 // Release). rs.mu is held.
 func (rs *roundState) askLocked(i int) {
 	p := rs.c.peers[i]

@@ -29,9 +29,10 @@ func holdBack() [Nodes]bool {
 // holding reports whether r still holds nodes back.
 func holding(r *Round) bool { return r.Held != [Nodes]bool{} }
 
-// answered is heldBack.answered: after node n answered client i's round,
-// it asks the nodes held back, or gives them up, when the answers of the
-// nodes asked first say so. It runs before the round is decided.
+// answered is redlock's quorumFirst.answered: after node n answered
+// client i's round, it asks the nodes held back, or gives them up, when
+// the answers of the nodes asked first say so. It runs before the round
+// is decided.
 func (mm *m) answered(s *State, i, n int) {
 	r := &s.Client[i].Round
 	if !holding(r) || r.Held[n] {
