@@ -134,11 +134,7 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("nodes[%d] and nodes[%d] are the same client: each must be a separate Redis server", j, i)
 		}
 		seen[id] = i
-		p := &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)}
-		if cl, ok := rdb.(*redis.Client); ok {
-			p.deadlines = cl.Options().ContextTimeoutEnabled
-		}
-		c.peers = append(c.peers, p)
+		c.peers = append(c.peers, newPeer(i, addr, rdb))
 	}
 	for _, p := range c.peers { // once every node is valid
 		watchDials(p)
@@ -148,6 +144,15 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 	}
 	c.warnLayout()
 	return c, nil
+}
+
+// newPeer returns node i, rdb at addr.
+func newPeer(i int, addr string, rdb redis.UniversalClient) *peer {
+	p := &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)}
+	if cl, ok := rdb.(*redis.Client); ok {
+		p.deadlines = cl.Options().ContextTimeoutEnabled
+	}
+	return p
 }
 
 // validate checks the options, naming the bad value.
