@@ -2,6 +2,10 @@ package redlock
 
 import (
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -89,5 +93,32 @@ func TestANewFeatureIsOneLayer(t *testing.T) {
 func TestScriptKeyHoldsEveryLayer(t *testing.T) {
 	if n := len(registry) + 1; n > maxLayers {
 		t.Fatalf("%d layers (the registry's and a Release's log), scriptKey holds %d: raise maxLayers", n, maxLayers)
+	}
+}
+
+// TestTheCoreNamesNoFeature: the core files' code (not their comments)
+// names no feature: each comes in through the seam (issue 32). A new
+// feature's name belongs in this list.
+func TestTheCoreNamesNoFeature(t *testing.T) {
+	feature := regexp.MustCompile(`(?i)fenc|reentr|gate|gating|wake|notice|record|highwater|mark|releaselog|quorumfirst|hedge|unasked|heldback`)
+	for _, name := range []string{"acquire.go", "round.go", "lock.go", "client.go"} {
+		fs := token.NewFileSet()
+		f, err := parser.ParseFile(fs, name, nil, 0) // no comments
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			var text string
+			switch x := n.(type) {
+			case *ast.Ident:
+				text = x.Name
+			case *ast.BasicLit:
+				text = x.Value
+			}
+			if feature.MatchString(text) {
+				t.Errorf("%s: %s names a feature; use the seam (layer.go, round.go's askingOrder)", fs.Position(n.Pos()), text)
+			}
+			return true
+		})
 	}
 }
