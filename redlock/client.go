@@ -54,6 +54,10 @@ type peer struct {
 	noSetGet atomic.Bool
 	// health is what is known of the node's failures (diagnose.go).
 	health health
+	// deadlines says that go-redis applies a call's deadline to the
+	// node's socket (a *redis.Client with ContextTimeoutEnabled), so that
+	// a call sent inline (round.go) ends within the node timeout.
+	deadlines bool
 }
 
 // New returns a Client over nodes, each one independent Redis master (no
@@ -130,7 +134,11 @@ func New(nodes []redis.UniversalClient, opts ...Option) (*Client, error) {
 			return nil, invalidf("nodes[%d] and nodes[%d] are the same client: each must be a separate Redis server", j, i)
 		}
 		seen[id] = i
-		c.peers = append(c.peers, &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)})
+		p := &peer{idx: i, addr: addr, rdb: rdb, tx: node.New(rdb)}
+		if cl, ok := rdb.(*redis.Client); ok {
+			p.deadlines = cl.Options().ContextTimeoutEnabled
+		}
+		c.peers = append(c.peers, p)
 	}
 	for _, p := range c.peers { // once every node is valid
 		watchDials(p)

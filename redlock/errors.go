@@ -276,7 +276,7 @@ func (r NodeResult) failed() bool {
 // certainly gone, ErrUnavailable when too many nodes failed.
 type QuorumError struct {
 	// Op is the round: "acquire", "fence" (recording a fencing token),
-	// "check" (confirming a reentrant hold's token), "extend", "release"
+	// "check" (confirming a reentrant hold's token), "extend", "release",
 	// "holder" (Client.HolderMetadata) or "eval" (Client.Eval, whose
 	// Resources are the script's keys).
 	Op string

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/redlock"
 	"github.com/schedlock/schedlock/redlock/redlocktest"
@@ -651,5 +652,38 @@ func TestShortWaitsDoNotMarkNodesDown(t *testing.T) {
 				t.Fatalf("node %d is marked down after a round that waited 1µs for it", i)
 			}
 		}
+	}
+}
+
+// TestOneFrozenNodeEndsAtTheNodeTimeout: on a Client of one node, a round
+// sent to the idle node by its caller (an inline call) still ends within
+// the node timeout when the node is frozen, with and without go-redis's
+// ContextTimeoutEnabled (without it go-redis reads until its ReadTimeout,
+// here 3 s, so the call must go through the sender and the round stop
+// waiting at the node timeout).
+func TestOneFrozenNodeEndsAtTheNodeTimeout(t *testing.T) {
+	for _, ctxTimeout := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeout), func(t *testing.T) {
+			s := redlocktest.StartServer(t)
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: ctxTimeout,
+				ReadTimeout: 3 * time.Second, MaxRetries: -1})
+			t.Cleanup(func() { _ = rdb.Close() })
+			c := newClient(t, []redis.UniversalClient{rdb}, redlock.WithNodeTimeout(100*time.Millisecond))
+			ctx := context.Background()
+			l, err := c.TryAcquire(ctx, []string{"frozen"}, 10*time.Second)
+			must(t, err)
+			must(t, l.Release(ctx))
+			time.Sleep(300 * time.Millisecond) // the node's sender ends: the next call finds it idle
+			s.Stop(t)
+			defer s.Cont(t)
+			start := time.Now()
+			_, err = c.TryAcquire(ctx, []string{"frozen"}, 10*time.Second)
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("TryAcquire on the frozen node took %v (err %v), want about the 100ms node timeout", took, err)
+			}
+			if !errors.Is(err, redlock.ErrNotAcquired) {
+				t.Errorf("TryAcquire on the frozen node: %v, want ErrNotAcquired", err)
+			}
+		})
 	}
 }

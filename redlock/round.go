@@ -155,7 +155,7 @@ func (c *Client) undo(ctx context.Context, k call, skip []bool) {
 // roundState is one round in progress.
 type roundState struct {
 	c       *Client
-	cmd     []any           // the command every node gets (node.Call.Args), made by command
+	cmd     []any // the command every node gets (node.Call.Args), made by command
 	cmdOnce sync.Once
 	ctx     context.Context // the caller's, with the round's span
 	callCtx context.Context // the calls': deadline, detached or not
@@ -303,11 +303,13 @@ func (rs *roundState) send(nc *nodeCall, p *peer, plain bool) error {
 	} else {
 		nc.Args = rs.command()
 	}
-	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op)
+	nc.Ctx, nc.span = rs.c.tel.nodeSpan(rs.callCtx, p, b.op, &nc.Call)
 	nc.Owner = nc
 	// With one node the caller has nothing to do but wait for this reply
-	// (an undo's caller does not wait at all).
-	nc.Inline = len(rs.c.peers) == 1 && !b.async
+	// (an undo's caller does not wait at all); it sends the call itself
+	// when go-redis ends it at its deadline (docs/design.md, "Inline
+	// calls").
+	nc.Inline = len(rs.c.peers) == 1 && !b.async && p.deadlines
 	return p.tx.Send(&nc.Call)
 }
 

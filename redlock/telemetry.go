@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -15,6 +16,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/schedlock/schedlock/redlock/internal/node"
 	"github.com/schedlock/schedlock/tracing"
 )
 
@@ -379,14 +381,22 @@ func roundOutcome(op string, rs []NodeResult, quorum int) string {
 	return tracing.OutcomeContended
 }
 
-// nodeSpan starts a CLIENT span for one node call, when enabled.
-func (t *telemetry) nodeSpan(ctx context.Context, p *peer, op string) (context.Context, trace.Span) {
+// nodeSpan starts a CLIENT span for c, one node call of round op, when
+// enabled, named for its command: EVALSHA for a script (which a node's
+// first call of it sends as EVAL), else the plain command's name (SET for
+// SET NX GET).
+func (t *telemetry) nodeSpan(ctx context.Context, p *peer, op string, c *node.Call) (context.Context, trace.Span) {
 	if !t.nodeSpans {
 		return ctx, nil
 	}
+	command := "EVALSHA"
+	if c.Script == nil && len(c.Args) > 0 {
+		name, _ := c.Args[0].(string)
+		command = strings.ToUpper(name)
+	}
 	host, port := splitAddr(p.addr)
-	ctx, span := t.tracer.Start(ctx, "EVALSHA", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
-		semconv.DBSystemNameRedis, semconv.DBOperationNameKey.String("EVALSHA"),
+	ctx, span := t.tracer.Start(ctx, command, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		semconv.DBSystemNameRedis, semconv.DBOperationNameKey.String(command),
 		semconv.ServerAddressKey.String(host), tracing.RoundOp.String(op)))
 	if port != 0 {
 		span.SetAttributes(semconv.ServerPortKey.Int(port))

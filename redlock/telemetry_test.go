@@ -541,7 +541,7 @@ func failedRoundSpans(t *testing.T, spans []sdktrace.ReadOnlySpan) (op, round sd
 			op = s
 		case tracing.RoundSpanName("acquire", tracing.OutcomeUnavailable):
 			round = s
-		case "EVALSHA":
+		case "EVALSHA", "SET":
 			nodeSpans++
 			a := attrs(s)
 			if a["db.system.name"].AsString() != "redis" || a["server.address"].AsString() != "127.0.0.1" || a["server.port"].AsInt64() == 0 {

@@ -14,7 +14,7 @@ import (
 )
 
 // Wake on release (WithReleaseNotices). An Acquire that a holder refused
-// marks the holder's key (scripts/acquire.lua), and the holder's Release
+// marks the holder's key (scripts/wake.lua), and the holder's Release
 // then publishes a notice on "<key>:released" on every node where it
 // deletes the key. The waiting Acquire subscribes to those channels and
 // starts its next round when notices of one release have come from a

@@ -88,7 +88,8 @@ type Call struct {
 	// client; else its ReadTimeout applies).
 	Wait time.Duration
 	// Done receives the call and its reply, once, on the node's sender
-	// goroutine; it must not block. It may call Send.
+	// goroutine (an Inline call's caller's, when it was sent inline); it
+	// must not block. It may call Send.
 	Done func(c *Call, reply *redis.Cmd)
 	// Owner is the caller's, for Done.
 	Owner any
@@ -97,7 +98,10 @@ type Call struct {
 	// nothing queued: a caller that would only wait for this one reply
 	// (a round on a Client of one node) saves the two goroutine handoffs
 	// of the sender. Calls queued meanwhile go to a sender started
-	// afterwards, so the ordering above holds.
+	// afterwards, so the ordering above holds. Send then returns only when
+	// the call does: set it only when the go-redis client applies Ctx's
+	// deadline to the socket (ContextTimeoutEnabled) and Ctx has one, or
+	// Wait is set.
 	Inline bool
 }
 
