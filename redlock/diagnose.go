@@ -32,6 +32,7 @@ var misconfigured = []struct{ prefix, fix string }{
 	{"READONLY", "a read-only replica: every node must be an independent master"},
 	{"OOM", "the node is at maxmemory and refuses writes (maxmemory-policy noeviction): raise maxmemory or free memory"},
 	{"MISCONF", "the node refuses writes because it cannot save its snapshots (stop-writes-on-bgsave-error): fix its disk or persistence settings"},
+	{"WRONGTYPE", "a key this library writes holds another type of value: another key has its name (a WithReleaseLog list, or a key written outside this library under the key prefix)"},
 	{"unknown command", "the node does not offer a command this library needs (renamed or disabled?)"},
 }
 

@@ -117,11 +117,14 @@ func parseEval(cmd *redis.Cmd) NodeResult {
 }
 
 // ReleaseAbandoned deletes the key of resource on every node where it
-// holds a plain lock (no WithOwner, WithFencing) whose metadata is exactly
-// metadata, and, when mark is not "", puts back the high-water mark
-// (WithHighWater) under mark that an acquisition with that metadata raised
-// (as the undo of a failed attempt does); it returns on how many nodes it
-// did either. It is for a caller that
+// holds a lock whose metadata is exactly metadata, unless the lock is
+// reentrant (WithOwner: its holds are left alone), and, when mark is not
+// "", puts back the high-water mark (WithHighWater) under mark that an
+// acquisition with that metadata raised (as the undo of a failed attempt
+// does); it returns on how many nodes it did either. It leaves a
+// WithRecord record and a fencing counter in place, and publishes no
+// release notice (a waiting Acquire finds the lock free at its next
+// attempt). It is for a caller that
 // knows it abandoned an acquisition, one whose undo may have reached a
 // node before the grant it was to delete (go-redis sent the grant again
 // on a new connection), and that wrote metadata unique to that

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -298,6 +299,35 @@ func TestReleaseLogWritesBesideTheRelease(t *testing.T) {
 		}
 	}
 	badReleaseLogs(t, c)
+}
+
+// TestReleaseLogOnAnotherKeyKeepsTheLock: a release log whose list name
+// holds another type of value (another key has its name) fails the
+// Release before it deletes anything, as a misconfiguration that names
+// the cause, so that its error is true: the lock is kept (the push used to
+// fail with WRONGTYPE after the lock keys were deleted).
+func TestReleaseLogOnAnotherKeyKeepsTheLock(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	for _, s := range cl {
+		must(t, s.Client(t).Set(ctx, "log", "a string", 0).Err())
+	}
+	l, err := c.TryAcquire(ctx, []string{"run"}, 10*time.Second)
+	must(t, err)
+	err = l.Release(ctx, redlock.WithReleaseLog("log", 2, time.Minute, "entry"))
+	if !errors.Is(err, redlock.ErrMisconfigured) || !strings.Contains(err.Error(), "release log list holds a string") {
+		t.Fatalf("Release with a log on a string key: %v, want ErrMisconfigured naming the string", err)
+	}
+	for i, s := range cl {
+		if n := s.Client(t).Exists(ctx, "run").Val(); n != 1 {
+			t.Errorf("node %d: the lock's key is gone after a Release that failed", i)
+		}
+		if v := s.Client(t).Get(ctx, "log").Val(); v != "a string" {
+			t.Errorf("node %d: the other key under the log's name is %q", i, v)
+		}
+	}
+	must(t, l.Release(ctx))
 }
 
 // badReleaseLogs checks that a Release with a bad release log fails with

@@ -199,7 +199,7 @@ var templates = [...]struct {
 }{
 	kindAcquire: {&acquireSrc, []string{"check", "refused", "granted"}, 3, 1},
 	kindExtend:  {&extendSrc, []string{"regain", "extended"}, 3, 0},
-	kindRelease: {&releaseSrc, []string{"hold", "deleted", "released"}, 2, 0},
+	kindRelease: {&releaseSrc, []string{"verify", "hold", "deleted", "released"}, 2, 0},
 	kindUndo:    {&releaseSrc, []string{"undo", "hold"}, 2, 0},
 }
 

@@ -41,7 +41,10 @@ type releaseLog struct {
 // Release that returns ErrLockLost still logs): the list keeps its newest
 // keep entries and lives ttl from the push. It is for data that belongs
 // with the release (the scheduler's run record), which it saves a round.
-// A node whose release script could not run has no entry either. list
+// A node whose release script could not run has no entry either; one
+// where another key, not a list, has the list's name refuses the whole
+// Release before it deletes anything (ErrMisconfigured, naming the key's
+// type), so the lock is kept there. list
 // obeys the rules of a resource name and must not be one of the lock's
 // resources; keep must be at least 1, ttl at least 1 ms; one Release
 // takes one log (Release returns ErrInvalidArgument, with no I/O,
