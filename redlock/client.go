@@ -80,7 +80,7 @@ type peer struct {
 // *redis.Ring is not a node: when it drops a shard it moves the keys to
 // others, which loses locks; New warns about one.
 //
-// Options given as LockOption set the default of every call. New errors
+// SharedOptions given to New set the default of every call. New errors
 // (matching ErrInvalidArgument, naming the bad value) on no nodes, a nil
 // node, the same client or address twice, and options out of range; it
 // performs no I/O. It warns on the logger (WithLogger) about node sets
@@ -171,7 +171,7 @@ func (cfg *config) validate(nodes int) error {
 	case hasNUL(cfg.keyPrefix):
 		return invalidf("key prefix %s (WithKeyPrefix) contains a NUL byte", quoteName(cfg.keyPrefix))
 	}
-	if err := cfg.lock.validate(); err != nil { // the LockOptions given to New
+	if err := cfg.lock.validate(); err != nil { // the SharedOptions given to New
 		return err
 	}
 	for _, check := range clientChecks {

@@ -135,8 +135,6 @@ func TestNewErrorTexts(t *testing.T) {
 			"redlock: invalid argument: drift factor 0.01 (WithDriftFactor) and minimum validity 0.99 (WithMinValidity) add up to 1 or more: no TTL would leave the minimum validity"},
 		{"restart gate", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRestartGating(time.Microsecond)},
 			"redlock: invalid argument: restart gate 1µs (WithRestartGating) is below the minimum 1ms (0 turns gating off)"},
-		{"record given to New", []redis.UniversalClient{a}, []redlock.Option{redlock.WithRecord("r", time.Second)},
-			"redlock: invalid argument: WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire"},
 		{"nil option", []redis.UniversalClient{a}, []redlock.Option{nil}, "redlock: invalid argument: option 1 of 1 is nil"},
 	}
 	for _, tt := range tests {

@@ -153,10 +153,13 @@ func intAt(v []any, i int) int64 {
 // WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
 // numbers that strictly increase across successive holders of a resource,
 // for the protected resource to reject writes that carry an older token. It
-// costs one more quorum round per acquisition (fencing.go). Default off.
-// docs/fencing.md gives the design and its assumptions.
-func WithFencing(on bool) LockOption {
-	return lockOption(func(l *lockConfig) { l.fencing = on })
+// costs one more quorum round per acquisition (fencing.go). A
+// SharedOption: given to New, every acquisition of the Client is fenced;
+// given to a call (Acquire, TryAcquire, Do), that call's (false turns it
+// off for one call). Default off. docs/fencing.md gives the design and
+// its assumptions.
+func WithFencing(on bool) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.fencing = on })
 }
 
 // WithFencingRetention sets how long a resource's fencing counter is kept

@@ -125,17 +125,9 @@ func (l *Lock) PreviousMark() int64 {
 // bounds how late such an acquisition may come by the gate's maxTTL. The
 // record obeys the rules of a resource name, must not be one of the lock's
 // resources or its WithRecord record, and cannot be combined with
-// WithOwner; a call that breaks a rule fails with ErrInvalidArgument, and
-// New rejects WithHighWater altogether. Default: no mark.
+// WithOwner; a call that breaks a rule fails with ErrInvalidArgument. A
+// LockOption only (Acquire, TryAcquire, Do): it names one acquisition's
+// mark, so it does not compile as an option of New. Default: no mark.
 func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
-	return lockOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
-}
-
-// checkMarkNotInNew rejects WithHighWater given to New: it names one
-// acquisition's mark.
-func checkMarkNotInNew(cfg *config) error {
-	if cfg.lock.mark != "" || cfg.lock.markAt != 0 || cfg.lock.markTTL != 0 {
-		return invalidf("WithHighWater was given to New: it names one acquisition's mark, so pass it to Acquire or TryAcquire")
-	}
-	return nil
+	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
 }

@@ -168,9 +168,6 @@ func TestHighWaterArguments(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", tc.name, err)
 		}
 	}
-	if _, err := redlock.New(nodes, redlock.WithHighWater("m", 1, time.Second)); !errors.Is(err, redlock.ErrInvalidArgument) {
-		t.Errorf("New with WithHighWater: %v, want ErrInvalidArgument", err)
-	}
 }
 
 // TestEvalRunsOnEveryNode: Eval runs a script on every node with the

@@ -77,19 +77,19 @@ func (c *Client) Do(ctx context.Context, resources []string, ttl time.Duration, 
 // stop ends the extensions, waits for the goroutine Keep started, cancels
 // the returned context, and returns the loss (matching ErrLockLost) or nil.
 // It does not release the lock: call it, then Release. Later calls of stop
-// return the same result. Only ExtendEvery among the LockOptions applies
-// here. One Keep per Lock is enough; each Keep extends on its own schedule.
-// Keep on a nil Lock returns ctx and a stop that reports
-// ErrInvalidArgument.
-func (l *Lock) Keep(ctx context.Context, opts ...LockOption) (kctx context.Context, stop func() error) {
+// return the same result. opts (KeepOptions: ExtendEvery) override the
+// Lock's own settings for this Keep. One Keep per Lock is enough; each
+// Keep extends on its own schedule. Keep on a nil Lock returns ctx and a
+// stop that reports ErrInvalidArgument.
+func (l *Lock) Keep(ctx context.Context, opts ...KeepOption) (kctx context.Context, stop func() error) {
 	if l == nil {
 		err := invalidf("Keep called on a nil *Lock")
 		return ctx, func() error { return err }
 	}
-	cfg := l.cfg
+	cfg := keepConfig{extendEvery: l.cfg.extendEvery}
 	for _, o := range opts {
 		if o != nil {
-			o.applyLock(&cfg)
+			o.applyKeep(&cfg)
 		}
 	}
 	kctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockKey{}, l))

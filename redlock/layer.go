@@ -120,13 +120,14 @@ func serviceOf[T service](c *Client) T {
 
 // clientDefaults set the features' defaults of a Client's options before
 // New applies the options given. clientChecks validate the features'
-// options at New, and callChecks those a call may also be given (at New,
-// for its LockOptions, too), each naming the bad value; ttlChecks are the
-// features' limits on every TTL of a Client (CheckTTL: ttl as given, ""
-// when it is within the limit). Each is in its feature's file.
+// options at New, and callChecks those a call may be given (at New, for
+// the SharedOptions given to it, too), each naming the bad value;
+// ttlChecks are the features' limits on every TTL of a Client (CheckTTL:
+// ttl as given, "" when it is within the limit). Each is in its
+// feature's file.
 var (
 	clientDefaults = []func(cfg *config){defaultFencingRetention}
-	clientChecks   = []func(cfg *config) error{checkFencingRetention, checkGate, checkRecordNotInNew, checkMarkNotInNew}
+	clientChecks   = []func(cfg *config) error{checkFencingRetention, checkGate}
 	callChecks     = []func(cfg *lockConfig) error{checkOwner}
 	ttlChecks      = []func(cfg *config, ttl time.Duration) string{checkGateTTL}
 )

@@ -38,15 +38,32 @@ const (
 // reference implementations: 2 ms for the Redis expiry granularity).
 const driftConstant = 2 * time.Millisecond
 
-// Option configures a Client (New). Every LockOption is an Option too: given
-// to New, it sets the default for every call of the Client.
+// Option configures a Client: it is given to New. Options that a call may
+// also take are SharedOptions; New accepts every SharedOption as the
+// default of every call of the Client.
 type Option interface{ applyClient(*config) }
 
-// LockOption configures one Acquire, TryAcquire or Do call (and Keep, for
-// ExtendEvery); given to New, the Client's default for every call.
-type LockOption interface {
+// LockOption configures one Acquire, TryAcquire or Do call. Options that
+// New also takes are SharedOptions; the others (WithRecord, WithHighWater)
+// name what one acquisition writes and do not compile when given to New.
+type LockOption interface{ applyLock(*lockConfig) }
+
+// SharedOption is an option valid both at New, as the default of every
+// call of the Client, and in a call (Acquire, TryAcquire, Do), for that
+// call: an Option and a LockOption. A call's own options apply after
+// New's, so a call overrides the default.
+type SharedOption interface {
 	Option
-	applyLock(*lockConfig)
+	LockOption
+}
+
+// KeepOption configures Keep: ExtendEvery. A KeepOption is also a
+// SharedOption: given to New or to the call that acquires the Lock, it
+// sets what every later Keep of that Lock, and Do's extensions, start
+// from; given to Keep, it applies to that Keep only.
+type KeepOption interface {
+	SharedOption
+	applyKeep(*keepConfig)
 }
 
 // AcquireOption is the former name of LockOption.
@@ -54,19 +71,6 @@ type LockOption interface {
 // Deprecated: use LockOption; AcquireOption will be removed in the next
 // release.
 type AcquireOption = LockOption
-
-// SharedOption is the former name of the options accepted by both New and
-// the calls, now every LockOption.
-//
-// Deprecated: use LockOption; SharedOption will be removed in the next
-// release.
-type SharedOption = LockOption
-
-// KeepOption is the former name of Keep's options.
-//
-// Deprecated: use LockOption; KeepOption will be removed in the next
-// release.
-type KeepOption = LockOption
 
 type config struct {
 	driftFactor      float64
@@ -108,14 +112,28 @@ type lockConfig struct {
 	quorumFirst    bool                             // WithQuorumFirst
 }
 
+// keepConfig is what Keep reads of its options.
+type keepConfig struct {
+	extendEvery time.Duration // ExtendEvery
+}
+
+// clientOption is an Option only.
 type clientOption func(*config)
 
 func (f clientOption) applyClient(c *config) { f(c) }
 
-type lockOption func(*lockConfig)
+// callOption is a LockOption only: it is not an Option, so New does not
+// take it (the compiler says so, and so does a type assertion).
+type callOption func(*lockConfig)
 
-func (f lockOption) applyClient(c *config)   { f(&c.lock) }
-func (f lockOption) applyLock(l *lockConfig) { f(l) }
+func (f callOption) applyLock(l *lockConfig) { f(l) }
+
+// sharedOption is a SharedOption that sets the same field of a call's
+// lockConfig and of New's defaults.
+type sharedOption func(*lockConfig)
+
+func (f sharedOption) applyClient(c *config)   { f(&c.lock) }
+func (f sharedOption) applyLock(l *lockConfig) { f(l) }
 
 // WithDriftFactor sets the clock drift factor: the validity of a lock is
 // TTL - elapsed - (TTL x f + 2 ms) (redis.io distlock spec, "Safety
@@ -131,11 +149,13 @@ func WithDriftFactor(f float64) Option {
 // at d whatever the go-redis client's settings; go-redis itself ends the
 // request then only with ContextTimeoutEnabled, else at its ReadTimeout (5 s
 // by default), and until then that node's later commands wait. Default
-// DefaultNodeTimeout (100 ms); New rejects d <= 0. Given to a call
-// (Acquire, TryAcquire, Do) it sets the node timeout of that Lock's rounds
-// (its acquisition, extensions and release) instead, e.g. longer for locks
-// taken in large bursts; the call rejects d <= 0 (ErrInvalidArgument).
-func WithNodeTimeout(d time.Duration) LockOption { return nodeTimeoutOption(d) }
+// DefaultNodeTimeout (100 ms); New rejects d <= 0. A SharedOption: given
+// to New, it is the Client's node timeout (Client.NodeTimeout); given to
+// a call (Acquire, TryAcquire, Do), it sets the node timeout of that
+// Lock's rounds (its acquisition, extensions and release) instead, e.g.
+// longer for locks taken in large bursts; the call rejects d <= 0
+// (ErrInvalidArgument).
+func WithNodeTimeout(d time.Duration) SharedOption { return nodeTimeoutOption(d) }
 
 type nodeTimeoutOption time.Duration
 
@@ -183,20 +203,23 @@ func WithLogger(l *slog.Logger) Option {
 // vote (no holder has a quorum; the contenders undo their minorities, so
 // the resource is free), the delay is a random 1-15 ms instead, doubling
 // with each split vote in a row up to the policy's delay: a shorter delay
-// would have the contenders collide again. Default: DefaultRetry. A nil factory, or one
-// that returns nil, is an error (ErrInvalidArgument, from New or the
-// call).
-func WithRetry(factory func() backoff.BackOff) LockOption {
-	return lockOption(func(l *lockConfig) { l.retry = factory })
+// would have the contenders collide again. Default: DefaultRetry. A nil
+// factory, or one that returns nil, is an error (ErrInvalidArgument, from
+// New or the call). A SharedOption: given to New, the policy of every
+// call; given to Acquire or Do, that call's. TryAcquire does not retry:
+// it checks the factory but never calls it.
+func WithRetry(factory func() backoff.BackOff) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.retry = factory })
 }
 
 // WithMetadata stores m beside the lock's owner token in every key of the
 // lock, written atomically with it: other clients see it as the holder's
 // metadata (NodeResult.Holder in a refused round, Client.HolderMetadata),
 // e.g. an identity. It must not hold secrets. Default ""; at most
-// MaxMetadata bytes.
-func WithMetadata(m string) LockOption {
-	return lockOption(func(l *lockConfig) { l.metadata = m })
+// MaxMetadata bytes. A SharedOption: given to New, the metadata of every
+// call; given to a call (Acquire, TryAcquire, Do), that call's.
+func WithMetadata(m string) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.metadata = m })
 }
 
 // WithMetadataFunc is WithMetadata with metadata that f gives anew at the
@@ -204,11 +227,12 @@ func WithMetadata(m string) LockOption {
 // moment (package scheduler's run locks). It overrides WithMetadata; a
 // result longer than MaxMetadata bytes ends the call with
 // ErrInvalidArgument before that attempt is sent. f runs on the calling
-// goroutine; given to New, it runs for every call, concurrently, and must
-// be safe for concurrent use. Lock.Metadata returns the granted attempt's
-// metadata.
-func WithMetadataFunc(f func() string) LockOption {
-	return lockOption(func(l *lockConfig) { l.metadataFunc = f })
+// goroutine. A SharedOption: given to a call (Acquire, TryAcquire, Do),
+// it runs for that call; given to New, it runs for every call,
+// concurrently, and must be safe for concurrent use. Lock.Metadata
+// returns the granted attempt's metadata.
+func WithMetadataFunc(f func() string) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.metadataFunc = f })
 }
 
 // WithRetryIf sets a condition on retrying: after each failed round of
@@ -219,12 +243,13 @@ func WithMetadataFunc(f func() string) LockOption {
 // for a round that ctx ended. It runs on the calling goroutine between
 // rounds and may do I/O (package scheduler's Lock stops when another
 // instance holds its job on a quorum, and deletes a leftover of its own
-// failed attempt before it retries). Given to New, it runs for every
-// call, concurrently, and must be safe for concurrent use. Default nil:
-// retry while the policy allows. TryAcquire does not retry and does not
-// call it.
-func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
-	return lockOption(func(l *lockConfig) { l.retryIf = retry })
+// failed attempt before it retries). A SharedOption: given to Acquire
+// or Do, it runs for that call; given to New, it runs for every call,
+// concurrently, and must be safe for concurrent use. Default nil: retry
+// while the policy allows. TryAcquire does not retry and does not call
+// it.
+func WithRetryIf(retry func(n int, q *QuorumError) bool) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.retryIf = retry })
 }
 
 // WithPatientRounds makes every round of Acquire (and Do) wait as
@@ -237,9 +262,11 @@ func WithRetryIf(retry func(n int, q *QuorumError) bool) LockOption {
 // fails and is retried, and losers send no undo. Without it, a round
 // returns as soon as its outcome is known, and Acquire's retries count a
 // node that timed out as failed until it answers again, so that a frozen
-// node does not slow every retry (design.md). Default off.
-func WithPatientRounds() LockOption {
-	return lockOption(func(l *lockConfig) { l.patient = true })
+// node does not slow every retry (design.md). A SharedOption: given to
+// New, every Acquire and Do of the Client; given to Acquire or Do, that
+// call's. TryAcquire's round waits so anyway. Default off.
+func WithPatientRounds() SharedOption {
+	return sharedOption(func(l *lockConfig) { l.patient = true })
 }
 
 // WithRefusalText sets how the call's error texts describe a node that
@@ -251,18 +278,26 @@ func WithPatientRounds() LockOption {
 // (Outcome OutcomeHeld); text writes all of it, the resource name that
 // the default shows for a lock of several resources or for a record
 // included. text must be safe for concurrent use; it runs whenever the
-// error's text is built. Given to New, it applies to every call. Default
-// nil: the default text.
-func WithRefusalText(text func(r NodeResult) string) LockOption {
-	return lockOption(func(l *lockConfig) { l.refusalText = text })
+// error's text is built. A SharedOption: given to New, it applies to
+// every call; given to a call (Acquire, TryAcquire, Do), to that call's
+// errors. Default nil: the default text.
+func WithRefusalText(text func(r NodeResult) string) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.refusalText = text })
 }
 
-// ExtendEvery sets, for Do and Keep, the time from one successful extension
-// to the next. Default TTL/3; values above 0.8 x TTL are lowered to 0.8 x
-// TTL; zero or negative values mean the default.
-func ExtendEvery(d time.Duration) LockOption {
-	return lockOption(func(l *lockConfig) { l.extendEvery = d })
-}
+// ExtendEvery sets the time from one successful extension of a Lock by
+// Keep (and by Do, which runs Keep) to the next. Default TTL/3; values
+// above 0.8 x TTL are lowered to 0.8 x TTL; zero or negative values mean
+// the default. It is a KeepOption: given to Keep, it sets that Keep's
+// interval; given to Acquire, TryAcquire or Do, that Lock's default for
+// every Keep; given to New, the default of every Lock of the Client.
+func ExtendEvery(d time.Duration) KeepOption { return extendEveryOption(d) }
+
+type extendEveryOption time.Duration
+
+func (d extendEveryOption) applyClient(c *config)   { c.lock.extendEvery = time.Duration(d) }
+func (d extendEveryOption) applyLock(l *lockConfig) { l.extendEvery = time.Duration(d) }
+func (d extendEveryOption) applyKeep(k *keepConfig) { k.extendEvery = time.Duration(d) }
 
 // DefaultRetry returns a fresh instance of the default retry policy:
 // exponential backoff from 25 ms, doubling up to 1 s between attempts, with

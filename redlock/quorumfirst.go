@@ -53,10 +53,11 @@ import (
 // rounds usually lose to a holder that already holds (package elector's
 // followers), not contenders that start at the same instant: those split
 // the nodes asked first and pay more rounds than the quorum saves.
-// Default off: every node is asked at once (redis.io distlock spec, step
-// 2).
-func WithQuorumFirst() LockOption {
-	return lockOption(func(l *lockConfig) { l.quorumFirst = true })
+// A SharedOption: given to New, every call's rounds; given to a call
+// (Acquire, TryAcquire, Do), that call's. Default off: every node is
+// asked at once (redis.io distlock spec, step 2).
+func WithQuorumFirst() SharedOption {
+	return sharedOption(func(l *lockConfig) { l.quorumFirst = true })
 }
 
 // quorumFirstLayer is the layer of a Lock with WithQuorumFirst: it adds

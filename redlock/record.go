@@ -91,17 +91,9 @@ func checkAddedKey(option, what, name string, taken []string, owner string) erro
 // attempt deletes its record with its lock keys. The record obeys the
 // rules of a resource name and of a TTL (restart gate included), must not
 // be one of the lock's resources, and cannot be combined with WithOwner:
-// the call rejects one that breaks a rule (ErrInvalidArgument), and New
-// rejects WithRecord altogether. Default: no record.
+// the call rejects one that breaks a rule (ErrInvalidArgument). A
+// LockOption only (Acquire, TryAcquire, Do): it names one acquisition's
+// record, so it does not compile as an option of New. Default: no record.
 func WithRecord(record string, ttl time.Duration) LockOption {
-	return lockOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
-}
-
-// checkRecordNotInNew rejects WithRecord given to New: it names one
-// acquisition's record.
-func checkRecordNotInNew(cfg *config) error {
-	if cfg.lock.record != "" || cfg.lock.recordTTL != 0 {
-		return invalidf("WithRecord was given to New: it names one acquisition's record, so pass it to Acquire or TryAcquire")
-	}
-	return nil
+	return callOption(func(l *lockConfig) { l.record, l.recordTTL = record, ttl })
 }

@@ -138,9 +138,6 @@ func TestRecordInvalid(t *testing.T) {
 			t.Errorf("%s: err %v, want ErrInvalidArgument", name, err)
 		}
 	}
-	if _, err := redlock.New(cl.Clients(t), redlock.WithRecord("rec", time.Second)); !errors.Is(err, redlock.ErrInvalidArgument) {
-		t.Errorf("New(WithRecord): err %v, want ErrInvalidArgument", err)
-	}
 }
 
 // TestNodeTimeoutPerCall: WithNodeTimeout given to a call sets the node

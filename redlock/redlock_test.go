@@ -1176,13 +1176,13 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		noscript bool
-		opts     []redlock.AcquireOption
+		opts     []redlock.LockOption
 	}{
 		// SET NX GET (TryAcquire only) is not here: a lost TryAcquire
 		// waits for every answer, the re-sent script's included, before it
 		// queues its undo (untilSettled, round.go), so the two never share a
 		// pipeline; TestLostTryAcquireSendsNoNeedlessUndo covers the wait.
-		{"NOSCRIPT", true, []redlock.AcquireOption{redlock.WithOwner("o")}}, // a reentrant lock gets the script
+		{"NOSCRIPT", true, []redlock.LockOption{redlock.WithOwner("o")}}, // a reentrant lock gets the script
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cl := redlocktest.Start(t, 3)
@@ -1205,7 +1205,7 @@ func TestResentAcquireNeverPassesItsUndo(t *testing.T) {
 			// One attempt of Acquire, which decides at the quorum without
 			// waiting for node 2's answer, so that its undo joins the
 			// acquire's pipeline there.
-			once := append([]redlock.AcquireOption{redlock.WithRetry(func() backoff.BackOff { return &backoff.StopBackOff{} })}, tc.opts...)
+			once := append([]redlock.LockOption{redlock.WithRetry(func() backoff.BackOff { return &backoff.StopBackOff{} })}, tc.opts...)
 			whileBusy(t, c, hook, func() {
 				if _, err := c.Acquire(ctx, []string{"r"}, time.Minute, once...); !errors.Is(err, redlock.ErrNotAcquired) {
 					t.Fatalf("Acquire r: %v, want ErrNotAcquired", err)

@@ -75,9 +75,13 @@ func (r *reentrant) begin(a *attempt) { a.token, r.aid = r.token, newAcquisition
 // share (docs/fencing.md). Another owner is refused as usual. Go
 // has no goroutine identity: owner is yours to choose (a job ID, a request
 // ID), non-empty and at most MaxOwner bytes; whoever knows it shares the
-// lock. Default: not reentrant.
-func WithOwner(owner string) LockOption {
-	return lockOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
+// lock. A SharedOption: given to a call (Acquire, TryAcquire, Do), that
+// lock's owner; given to New, the owner of every lock of the Client, so
+// that all its callers share its locks (and calls with WithRecord or
+// WithHighWater, which a reentrant lock cannot take, fail). Default: not
+// reentrant.
+func WithOwner(owner string) SharedOption {
+	return sharedOption(func(l *lockConfig) { l.owner, l.ownerSet = owner, true })
 }
 
 // checkOwner validates WithOwner.

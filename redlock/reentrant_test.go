@@ -278,7 +278,7 @@ func TestFailedFenceLeavesNoToken(t *testing.T) {
 
 // fencedHold starts 3 nodes and a Client with fencing (and opts), and returns them
 // with owner A's option and A's settled hold of "r".
-func fencedHold(t *testing.T, opts ...redlock.Option) (redlocktest.Cluster, []redis.UniversalClient, *redlock.Client, redlock.AcquireOption, *redlock.Lock) {
+func fencedHold(t *testing.T, opts ...redlock.Option) (redlocktest.Cluster, []redis.UniversalClient, *redlock.Client, redlock.LockOption, *redlock.Lock) {
 	t.Helper()
 	cl := redlocktest.Start(t, 3)
 	nodes := cl.Clients(t)

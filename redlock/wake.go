@@ -544,12 +544,13 @@ func (n wakeNotice) released(l *Lock, args []any) {
 // PubSub connection and two goroutines per node; they end when no Acquire
 // waits any more, and at Close.
 //
-// Given to a call (Acquire, Do), WithReleaseNotices(false) makes that call
-// poll with its retry delay and mark no holder's key, so that the holder's
-// release publishes nothing for it (package scheduler's Lock: its losers
-// do not wait). A call cannot turn notices on when its Client has them
-// off.
-func WithReleaseNotices(on bool) LockOption { return releaseNoticesOption(on) }
+// A SharedOption: given to New, it turns notices on or off for the
+// Client. Given to a call (Acquire, Do), WithReleaseNotices(false) makes
+// that call poll with its retry delay and mark no holder's key, so that
+// the holder's release publishes nothing for it (package scheduler's
+// Lock: its losers do not wait). A call cannot turn notices on when its
+// Client has them off. TryAcquire does not wait for a release either way.
+func WithReleaseNotices(on bool) SharedOption { return releaseNoticesOption(on) }
 
 type releaseNoticesOption bool
 
