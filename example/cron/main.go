@@ -71,7 +71,8 @@
 // every tick: that is expected. What matters is that no tick runs twice and
 // none is lost, even when that instance is killed (-kill-one). Clock offsets
 // that differ by more than the scheduler's clock tolerance (1 s by default)
-// are outside its guarantee.
+// only add clock_skew warnings: each tick still runs at most once, and the
+// instances whose clocks lag skip their runs as late (scheduler.ErrLate).
 package main
 
 import (
