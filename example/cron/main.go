@@ -25,7 +25,10 @@
 // each instance; for each instance, its skips. Only the ticks from 2 s after
 // the start to 1 s before the end are judged: at the edges not every
 // instance is running. The exit status is 1 when a tick ran twice or was
-// missed.
+// missed. Last, a table reads the same scheduled times back from the run
+// record on the nodes (scheduler.History), which keeps the newest 100
+// entries per job: after a run longer than about 100 s (report runs every
+// second) it counts only the last ones.
 //
 // Flags:
 //
