@@ -339,6 +339,10 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	run, err := l.acquire(ctx, sctx, key, c)
 	if err != nil {
 		l.done(key, nil)
+		if errors.Is(err, ErrLate) { // a later scheduled time was taken
+			l.late(ctx, span, key, c, now, err)
+			return nil, err
+		}
 		l.skipped(ctx, span, key, err)
 		c.answer(err)
 		return nil, err
@@ -348,7 +352,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		c.answer(err)
 		return nil, err
 	}
-	rl := l.start(ctx, sctx, span, key, c, run, now)
+	rl := l.start(ctx, sctx, span, key, c, run)
 	c.answer(nil)
 	return rl, nil
 }
@@ -429,13 +433,13 @@ const tickFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // start sets up the run of a granted Lock: its extension, its context and
 // its entry in l.runs.
-func (l *Locker) start(ctx, sctx context.Context, span trace.Span, job string, c claim, run *redlock.Lock, now time.Time) *runLock {
+func (l *Locker) start(ctx, sctx context.Context, span trace.Span, job string, c claim, run *redlock.Lock) *runLock {
 	if span.IsRecording() {
 		span.SetName(tracing.JobSpanName(job, tracing.OutcomeRan))
 		span.SetAttributes(tracing.Outcome.String(tracing.OutcomeRan))
 	}
 	l.count(ctx, job, tracing.OutcomeRan, 1)
-	rl := &runLock{l: l, job: job, claim: c, started: now, jobCtx: ctx, run: run, span: span}
+	rl := &runLock{l: l, job: job, claim: c, started: l.cfg.clock.Now(), jobCtx: ctx, run: run, span: span}
 	// The extensions go on until Unlock, not until gocron cancels the
 	// job's ctx (Shutdown, RemoveJob, Update, StopJobs): a task that
 	// ignores its ctx runs on, and its run lock must hold until it returns.

@@ -453,3 +453,46 @@ func TestJobNameIndexForgetsRemovedJobs(t *testing.T) {
 		t.Errorf("NewJob named keep while job %s has it = %v, want ErrDuplicateName", keep.ID(), err)
 	}
 }
+
+// TestLateForALaterTakenTimeIsRecorded: a Lock refused because a later
+// scheduled time of the job was already taken (its instance's clock is
+// behind) is late: skipped with ErrLate and written to the run record, as
+// a late run found on this instance is (it was only skipped).
+func TestLateForALaterTakenTimeIsRecorded(t *testing.T) {
+	c, _ := miniClient(t, 3)
+	at := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	a, err := scheduler.NewLocker(c, scheduler.WithClock(clockwork.NewFakeClockAt(at.Add(time.Second))),
+		scheduler.WithInstanceID("a"), scheduler.WithLockJitter(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := scheduler.NewLocker(c, scheduler.WithClock(clockwork.NewFakeClockAt(at)),
+		scheduler.WithInstanceID("b"), scheduler.WithLockJitter(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	la, err := a.Lock(ctx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := la.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lb, err := b.Lock(ctx, "report"); lb != nil || !errors.Is(err, scheduler.ErrLate) {
+		t.Fatalf("Lock of an earlier scheduled time on the instance behind = %v, %v; want nil, ErrLate", lb, err)
+	}
+	runs, err := a.History(ctx, "report", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var late []scheduler.Run
+	for _, r := range runs {
+		if r.Outcome == "late" {
+			late = append(late, r)
+		}
+	}
+	if len(late) != 1 || late[0].Instance != "b" || !late[0].Scheduled.Equal(at) || !strings.Contains(late[0].Error, "later scheduled time") {
+		t.Errorf("late entries in the run record = %+v, want one of instance b for %v naming the later scheduled time", late, at)
+	}
+}

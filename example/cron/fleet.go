@@ -61,7 +61,7 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 	}
 
 	if cfg.status != "" {
-		url, stop, err := serveStatus(cfg.status, nodes.Addrs)
+		url, stop, err := serveStatus(cfg.status, nodes.Addrs, recordLength(cfg.duration))
 		if err != nil {
 			return err
 		}
@@ -96,12 +96,12 @@ func runFleet(ctx context.Context, cfg config, stdout io.Writer) error {
 	from, to := start.Add(judgeFrom+hi), end.Add(-judgeUntil+lo)
 	var ex excuses
 	if cfg.status != "" { // the page's pauses and runs now are not failures
-		if ex, err = readExcuses(ctx, nodes.Addrs); err != nil {
+		if ex, err = readExcuses(ctx, nodes.Addrs, recordLength(cfg.duration)); err != nil {
 			return err
 		}
 	}
 	err = rec.summarize(stdout, from, to, stats, ex)
-	if perr := printRecord(ctx, stdout, nodes.Addrs, from, to); perr != nil && err == nil {
+	if perr := printRecord(ctx, stdout, nodes.Addrs, from, to, recordLength(cfg.duration)); perr != nil && err == nil {
 		err = perr
 	}
 	return err
@@ -242,7 +242,7 @@ func newInstance(id int, offset time.Duration, addrs []string, cfg config, onRun
 	}
 	in.locks = locks
 	lockerOpts := []scheduler.LockerOption{scheduler.WithClock(redlocktest.OffsetClock(offset)),
-		scheduler.WithInstanceID(fmt.Sprintf("instance-%d", id))}
+		scheduler.WithInstanceID(fmt.Sprintf("instance-%d", id)), scheduler.WithHistoryLength(recordLength(cfg.duration))}
 	if cfg.ttl > 0 {
 		lockerOpts = append(lockerOpts, scheduler.WithTTL(cfg.ttl))
 	}

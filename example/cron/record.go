@@ -20,7 +20,7 @@ import (
 // instance of the fleet could (scheduler.Locker.History), and prints, for
 // the scheduled times from..to, who ran them and how many were missed or
 // skipped as late.
-func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time.Time) error {
+func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time.Time, length int) error {
 	nodes := make([]redis.UniversalClient, len(addrs))
 	for i, a := range addrs {
 		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
@@ -35,7 +35,7 @@ func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time
 		return err
 	}
 	defer locks.Close(context.Background())
-	reader, err := scheduler.NewLocker(locks, scheduler.WithInstanceID("reader"))
+	reader, err := scheduler.NewLocker(locks, scheduler.WithInstanceID("reader"), scheduler.WithHistoryLength(length))
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "job\tscheduled times run\tran on\tmissed\tlate skips\tfailed\tlatest")
 	for _, j := range jobs {
-		runs, err := reader.History(ctx, j.name, scheduler.DefaultHistoryLength)
+		runs, err := reader.History(ctx, j.name, length)
 		if err != nil {
 			return fmt.Errorf("reading the run record of %s: %w", j.name, err)
 		}
@@ -56,7 +56,7 @@ func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time
 
 // readExcuses reads from the run record the ticks that the status page's
 // pause skipped and its manual runs, by job and instance (instance-N).
-func readExcuses(ctx context.Context, addrs []string) (excuses, error) {
+func readExcuses(ctx context.Context, addrs []string, length int) (excuses, error) {
 	ex := excuses{paused: map[string]map[int64]bool{}, manual: map[string]map[int]int{}}
 	nodes := make([]redis.UniversalClient, len(addrs))
 	for i, a := range addrs {
@@ -72,12 +72,12 @@ func readExcuses(ctx context.Context, addrs []string) (excuses, error) {
 		return ex, err
 	}
 	defer locks.Close(context.Background())
-	reader, err := scheduler.NewLocker(locks, scheduler.WithInstanceID("reader"))
+	reader, err := scheduler.NewLocker(locks, scheduler.WithInstanceID("reader"), scheduler.WithHistoryLength(length))
 	if err != nil {
 		return ex, err
 	}
 	for _, j := range jobs {
-		runs, err := reader.History(ctx, j.name, scheduler.DefaultHistoryLength)
+		runs, err := reader.History(ctx, j.name, length)
 		if err != nil {
 			return ex, fmt.Errorf("reading the run record of %s: %w", j.name, err)
 		}
@@ -145,4 +145,14 @@ func (s recordSummary) byInstance() string {
 		return "-"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// recordLength is the length of the run record (scheduler.WithHistoryLength)
+// of every scheduler of a demo that runs for d: room for each scheduled
+// time of its fastest job (every second) with a late, missed or paused
+// entry beside it, so that the checks at the end find the status page's
+// pauses and manual runs of the whole run in the record. The default, 100,
+// would drop them after about a minute. Capped at the Locker's maximum.
+func recordLength(d time.Duration) int {
+	return min(max(scheduler.DefaultHistoryLength, 2*int(d/time.Second)+100), 10_000)
 }

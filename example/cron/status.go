@@ -19,7 +19,7 @@ import (
 // at addrs that runs no job: any instance of a fleet can serve the page.
 // It returns the page's URL and a function that stops the server and
 // closes its clients.
-func serveStatus(addr string, addrs []string) (url string, stop func(), err error) {
+func serveStatus(addr string, addrs []string, length int) (url string, stop func(), err error) {
 	nodes := make([]redis.UniversalClient, len(addrs))
 	rdbs := make([]*redis.Client, len(addrs))
 	for i, a := range addrs {
@@ -42,7 +42,8 @@ func serveStatus(addr string, addrs []string) (url string, stop func(), err erro
 		_ = locks.Close(ctx)
 		closeClients()
 	}
-	page, err := scheduler.New(locks, scheduler.WithLockerOptions(scheduler.WithInstanceID("status-page")))
+	page, err := scheduler.New(locks, scheduler.WithLockerOptions(scheduler.WithInstanceID("status-page"),
+		scheduler.WithHistoryLength(length)))
 	if err != nil {
 		closeLocks()
 		return "", nil, err
