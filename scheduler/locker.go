@@ -543,8 +543,8 @@ type tickKey struct{}
 // TickFromContext returns the scheduled time that the run of ctx serves,
 // for a ctx returned by RunContext or derived from it: the same on every
 // instance, whatever its clock, so that it can label the run's work ("the
-// report for 12:00:00"). For a manual run (RunNow) it is the time the run
-// started on this instance's clock. ok is false for any other ctx.
+// report for 12:00:00"). For a manual run (RunNow) it is the time its Lock
+// began on this instance's clock. ok is false for any other ctx.
 //
 // The instant is the same everywhere, its location is not: a cron or
 // duration job's time is in the location of the Locker's clock reading

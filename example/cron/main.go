@@ -26,9 +26,10 @@
 // the start to 1 s before the end are judged: at the edges not every
 // instance is running. The exit status is 1 when a tick ran twice or was
 // missed. Last, a table reads the same scheduled times back from the run
-// record on the nodes (scheduler.History), which keeps the newest 100
-// entries per job: after a run longer than about 100 s (report runs every
-// second) it counts only the last ones.
+// record on the nodes (scheduler.History). A run record keeps the newest
+// 100 entries per job by default; the demo sizes its schedulers' records
+// for -duration (scheduler.WithHistoryLength, at most 10,000 entries:
+// runs of more than about 80 minutes show only their last ones).
 //
 // Flags:
 //
