@@ -57,6 +57,6 @@
 //
 // An *Elector is a gocron.Elector: with gocron.WithDistributedElector(e)
 // only the leader runs jobs. IsLeader is local and O(1); gocron calls it on
-// every run. Ticks that fall while no candidate leads (after a crash, for up
-// to the TTL) are skipped.
+// every run. Scheduled times that fall while no candidate leads (after a
+// crash, for up to the TTL) are skipped.
 package elector

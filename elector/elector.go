@@ -309,7 +309,10 @@ func (e *Elector) Term() (uint64, error) {
 type termKey struct{}
 
 // TermFromContext returns the term of the leadership whose OnStartedLeading
-// ctx is ctx (or an ancestor of it).
+// ctx is ctx (or an ancestor of it): the same as Term, a redlock fencing
+// token. Terms are large and not consecutive (a token is at least the
+// Redis nodes' clock in microseconds, docs/fencing.md): compare them, do
+// not count them.
 func TermFromContext(ctx context.Context) (term uint64, ok bool) {
 	term, ok = ctx.Value(termKey{}).(uint64)
 	return term, ok

@@ -74,9 +74,10 @@ func (c *Client) RestartGate() time.Duration { return c.cfg.gate }
 //
 // Every TTL used with this Client, in Acquire, TryAcquire, Do and Extend,
 // must be at most maxTTL (longer ones are rejected; CheckTTL): with their
-// defaults, package scheduler needs 10 s (its run lock; tick records need
-// 2 x clock tolerance + lock timeout, 3 s) and package elector 10 s (its
-// lease), which their constructors check. On a brand-new node
+// defaults, package scheduler needs 10 s (its run lock; its misfire
+// threshold, 1 min by default, is lowered to maxTTL) and package elector
+// 10 s (its lease), which their constructors check. Retentions, such as
+// a WithHighWater mark's, may exceed maxTTL. On a brand-new node
 // the first acquisitions also wait maxTTL. Gated nodes show OutcomeGated.
 // Default 0: off. New rejects negative values and values below 1 ms.
 func WithRestartGating(maxTTL time.Duration) Option {

@@ -8,9 +8,9 @@ import (
 	"github.com/schedlock/schedlock/redlock/internal/script"
 )
 
-// The record of an acquisition (WithRecord; the scheduler's tick
-// records): a key beside the lock's, written by the acquire script all
-// or nothing with them (scripts/record.lua). Another acquisition's record
+// The record of an acquisition (WithRecord): a key beside the lock's,
+// written by the acquire script all or nothing with them
+// (scripts/record.lua). Another acquisition's record
 // refuses the round like a held key, before the lock's keys; the record
 // is never extended or released, and outlives the lock until its own TTL
 // ends; the undo of a failed attempt deletes it.
@@ -87,7 +87,7 @@ func checkAddedKey(option, what, name string, taken []string, owner string) erro
 // refused NodeResult's Resource names the record), and otherwise the
 // record is set to this acquisition's value for ttl. A record is never
 // extended or released: it outlives the lock until its TTL ends, so that
-// the acquisition is remembered (the scheduler's tick records). A failed
+// the acquisition is remembered. A failed
 // attempt deletes its record with its lock keys. The record obeys the
 // rules of a resource name and of a TTL (restart gate included), must not
 // be one of the lock's resources, and cannot be combined with WithOwner:

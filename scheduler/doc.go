@@ -22,9 +22,10 @@
 //
 // Instances other than the one that runs a scheduled time skip it: gocron's
 // AfterLockError listener gets ErrHeldElsewhere (normal), ErrStopped
-// (shutdown: normal), ErrLate (a run that came too late: recorded) or an
-// error worth an alert (redlock.ErrUnavailable, redlock.ErrMisconfigured,
-// ErrDuplicateInstance, ErrUnstableName). Scheduler.History reads the run record.
+// (shutdown: normal), ErrPaused (a job paused across the fleet), ErrLate
+// (a run that came too late: recorded) or an error worth an alert
+// (redlock.ErrUnavailable, redlock.ErrMisconfigured, ErrDuplicateInstance,
+// ErrUnstableName). Scheduler.History reads the run record.
 //
 // Two ways in:
 //

@@ -24,7 +24,7 @@ var (
 
 	// ErrStopped matches a Lock cut short because gocron stopped the job
 	// while its lock was being taken (Shutdown, RemoveJob, Update or
-	// StopJobs cancel the job's context): the tick is skipped here, and
+	// StopJobs cancel the job's context): the run is skipped here, and
 	// the error also matches the context's cause (context.Canceled). It
 	// says nothing about the Redis nodes and never matches
 	// redlock.ErrUnavailable: do not alert on it.
@@ -36,12 +36,13 @@ var (
 	// "main.main.func1"). Name jobs with gocron.WithName.
 	ErrUnstableName = errors.New("scheduler: job name is not stable across instances")
 
-	// ErrDuplicateInstance matches a Lock refused by a tick record that
-	// another process wrote with this Locker's instance ID (WithInstanceID):
-	// two live instances share an ID, so neither can tell a split vote from
-	// a tick taken, and errors name the wrong holder. It comes with
-	// ErrHeldElsewhere (the other process took the tick). Give each
-	// instance its own ID; alert on this error.
+	// ErrDuplicateInstance matches a Lock refused by the job's record of
+	// scheduled times, at this scheduled time, that another process wrote
+	// with this Locker's instance ID (WithInstanceID): two live instances share
+	// an ID, so neither can tell a split vote from a scheduled time taken,
+	// and errors name the wrong holder. It comes with ErrHeldElsewhere (the
+	// other process took the scheduled time). Give each instance its own
+	// ID; alert on this error.
 	ErrDuplicateInstance = errors.New("scheduler: duplicate instance ID")
 
 	// ErrRandomSchedule matches a job on a random interval

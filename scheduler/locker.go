@@ -543,8 +543,17 @@ type tickKey struct{}
 // TickFromContext returns the scheduled time that the run of ctx serves,
 // for a ctx returned by RunContext or derived from it: the same on every
 // instance, whatever its clock, so that it can label the run's work ("the
-// report for 12:00:00"). For a manual run (RunNow) it is the time the run
-// started on this instance's clock. ok is false for any other ctx.
+// report for 12:00:00"). For a manual run (RunNow) it is the time its Lock
+// began on this instance's clock. ok is false for any other ctx.
+//
+// The instant is the same everywhere, its location is not: a cron or
+// duration job's time is in the location of the Locker's clock reading
+// (time.Local with the real clock), a daily, weekly or monthly job's in
+// the scheduler's location (WithLocation), a one-time job's as gocron's
+// schedule gives it, and a manual run's carries a monotonic clock
+// reading. History's Run.Scheduled for the same run is decoded from JSON
+// (often UTC). Compare times with time.Time.Equal, not ==, and key maps
+// by t.UnixMilli(), not by time.Time.
 func TickFromContext(ctx context.Context) (tick time.Time, ok bool) {
 	tick, ok = ctx.Value(tickKey{}).(time.Time)
 	return tick, ok

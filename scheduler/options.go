@@ -90,16 +90,18 @@ func WithMeterProvider(mp metric.MeterProvider) LockerOption {
 // WithInstanceID sets the identity this Locker stores with its locks: other
 // instances' ErrHeldElsewhere errors name it, and it tells a split vote
 // (instances that fired at the same instant and each won a minority of
-// nodes, retried) from a tick really taken. It must differ between live
-// instances: one that finds a tick record of another process with its own
-// ID reports ErrDuplicateInstance. Default tracing.DefaultIdentity(),
+// nodes, retried) from a scheduled time really taken. It must differ
+// between live instances: one that finds the job's record of scheduled
+// times written by another process with its own ID reports
+// ErrDuplicateInstance. Default tracing.DefaultIdentity(),
 // "<service>/<host>-<pid>-<token>" (e.g. "billing/web-3-19350-1a2b", with a
 // random token per process). NewLocker rejects "" and IDs longer than
-// redlock.MaxMetadata - 30 bytes: the locks' metadata is "<ID>@<the instance's clock in Unix ms>/<a
-// random nonce of the Locker>", which other instances' redlock errors show
-// as the holder. A Locker that replaces one with the same ID in the same
-// process (a restart) may report ErrDuplicateInstance for the old one's
-// records, for at most their TTL.
+// redlock.MaxMetadata - 51 bytes: the locks' metadata is "<ID>@<the
+// instance's clock in Unix ms>/<a random nonce of the Locker>/<the record
+// retention in ms>", which other instances' redlock errors show as the
+// holder. A Locker that replaces one with the same ID in the same process
+// (a restart) may report ErrDuplicateInstance for a scheduled time the old
+// one already took.
 func WithInstanceID(id string) LockerOption {
 	return func(c *lockerConfig) { c.instance, c.instanceSet = id, true }
 }
@@ -149,18 +151,18 @@ func WithLockTimeout(d time.Duration) LockerOption {
 }
 
 // WithLockJitter sets the bound of the random delay with which Lock
-// starts its first round, after it has identified the tick: one of 0, d/4,
-// d/2 and 3d/4 at random, so that the Locks of one instance that fire
-// together still share one pipeline per node and delay. Without it,
-// instances whose timers fire at the same instant (hosts synced by NTP)
-// reach the nodes together, in a different order on each node, so that no
-// one wins a quorum and every one retries (with 5 instances and 3 nodes,
-// about half of all ticks); and a fleet of many jobs firing at once
-// reaches Redis as one burst (docs/benchmarks.md, "Scheduler scale"). A
-// job starts up to that much later. The delay is also bounded by a
-// quarter of the job's tick spacing and half its lock timeout, of which it
-// is part (tick records outlive the lock timeout, so it does not eat into
-// the clock tolerance). Default DefaultLockJitter (250 ms); 0 turns it off;
+// starts its first round, after it has found the scheduled time it
+// serves: one of 0, d/4, d/2 and 3d/4 at random, so that the Locks of one
+// instance that fire together still share one pipeline per node and
+// delay. Without it, instances whose timers fire at the same instant
+// (hosts synced by NTP) reach the nodes together, in a different order on
+// each node, so that no one wins a quorum and every one retries (with 5
+// instances and 3 nodes, about half of all scheduled times); and a fleet
+// of many jobs firing at once reaches Redis as one burst
+// (docs/benchmarks.md, "Scheduler scale"). A job starts up to that much
+// later. The delay is also bounded by a quarter of the time to the job's
+// next scheduled time and by half the Lock's bound (WithLockTimeout), of
+// which it is part. Default DefaultLockJitter (250 ms); 0 turns it off;
 // NewLocker rejects negative values.
 func WithLockJitter(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.jitter = d }
@@ -239,14 +241,16 @@ func WithLocation(loc *time.Location) LockerOption {
 	return func(c *lockerConfig) { c.location = loc }
 }
 
-// WithMissedHandler sets a function called, on the goroutine of the Lock
-// that found them, once for each scheduled time of job that ran nowhere
-// (nodes down, every instance stopped, a run lock left by a crash), in
-// time order and at most 100 times per Lock (the rest are counted and
-// logged). Each miss is also counted (schedlock.scheduler.runs, outcome
-// missed), logged at Warn and written to the run record. A scheduled time
-// skipped because the job's previous run was still running is not a miss.
-// Default: none.
+// WithMissedHandler sets a function called once for each scheduled time
+// of job that ran nowhere (nodes down, every instance stopped, a run lock
+// left by a crash), in time order and at most 100 times per run (the rest
+// are counted and logged). It is called when the run that found them
+// ends: in its Unlock, on the goroutine on which gocron ran the task,
+// after the task returned (for a scheduled time of a paused job, which
+// does not run, in its Lock). Each miss is also counted
+// (schedlock.scheduler.runs, outcome missed), logged at Warn and written
+// to the run record. A scheduled time skipped because the job's previous
+// run was still running is not a miss. Default: none.
 func WithMissedHandler(f func(job string, scheduled time.Time)) LockerOption {
 	return func(c *lockerConfig) { c.onMissed = f }
 }

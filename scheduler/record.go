@@ -26,7 +26,11 @@ type Run struct {
 	// Instance skipped: too late for its scheduled time).
 	Kind string `json:"kind"`
 	// Scheduled is the scheduled time served; for a missed entry the
-	// first one missed; zero for a manual run.
+	// first one missed; zero for a manual run. History decodes it from
+	// RFC 3339 with its writer's offset, so its location is time.UTC for
+	// offset zero, time.Local where Local uses that offset, else a fixed
+	// zone: not necessarily TickFromContext's. Compare it with
+	// time.Time.Equal, not ==, and key maps by UnixMilli().
 	Scheduled time.Time `json:"scheduled,omitzero"`
 	// Last is, for a missed entry, the last scheduled time missed.
 	Last time.Time `json:"last,omitzero"`

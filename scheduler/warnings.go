@@ -59,7 +59,7 @@ func newWarnings(meter metric.Meter, log *slog.Logger) (*warnings, error) {
 		return nil, err
 	}
 	offset, err := meter.Float64Histogram(tracing.MetricClockOffset, metric.WithUnit("s"),
-		metric.WithDescription("Clock difference to the instance whose tick record refused a Lock (absolute)."),
+		metric.WithDescription("Clock difference to the instance whose record of scheduled times refused a Lock (absolute)."),
 		metric.WithExplicitBucketBoundaries(tracing.DurationBuckets...))
 	if err != nil {
 		return nil, err

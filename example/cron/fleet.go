@@ -129,7 +129,8 @@ func printHeader(w io.Writer, cfg config, nodes *exnodes.Set, offsets []time.Dur
 	}
 	fmt.Fprintf(w, "Clock offsets: %s.\n", strings.Join(clocks, ", "))
 	if spread := clockSpread(offsets); spread > scheduler.DefaultClockTolerance {
-		fmt.Fprintf(w, "Note: the clocks differ by %v, more than the scheduler's clock tolerance (%v): duplicates are possible.\n",
+		fmt.Fprintf(w, "Note: the clocks differ by %v, more than the scheduler's clock tolerance (%v): expect clock_skew warnings; "+
+			"each scheduled time still runs at most once, on the instance whose clock is ahead.\n",
 			spread, scheduler.DefaultClockTolerance)
 	}
 	fmt.Fprintf(w, "Each tick must run on exactly one instance; the others skip it. Running for %v.\n", cfg.duration)

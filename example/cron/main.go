@@ -25,7 +25,11 @@
 // each instance; for each instance, its skips. Only the ticks from 2 s after
 // the start to 1 s before the end are judged: at the edges not every
 // instance is running. The exit status is 1 when a tick ran twice or was
-// missed.
+// missed. Last, a table reads the same scheduled times back from the run
+// record on the nodes (scheduler.History). A run record keeps the newest
+// 100 entries per job by default; the demo sizes its schedulers' records
+// for -duration (scheduler.WithHistoryLength, at most 10,000 entries:
+// runs of more than about 80 minutes show only their last ones).
 //
 // Flags:
 //
@@ -71,7 +75,8 @@
 // every tick: that is expected. What matters is that no tick runs twice and
 // none is lost, even when that instance is killed (-kill-one). Clock offsets
 // that differ by more than the scheduler's clock tolerance (1 s by default)
-// are outside its guarantee.
+// only add clock_skew warnings: each tick still runs at most once, and the
+// instances whose clocks lag skip their runs as late (scheduler.ErrLate).
 package main
 
 import (

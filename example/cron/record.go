@@ -39,7 +39,8 @@ func printRecord(ctx context.Context, w io.Writer, addrs []string, from, to time
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nFrom the run record on the nodes (scheduler.History), for the same scheduled times:\n\n")
+	fmt.Fprintf(w, "\nFrom the run record on the nodes (scheduler.History: its newest %d entries per job), for the same scheduled times:\n\n",
+		length)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "job\tscheduled times run\tran on\tmissed\tlate skips\tfailed\tlatest")
 	for _, j := range jobs {

@@ -11,13 +11,15 @@
 // election. Only the leader works: its OnStartedLeading callback processes
 // one item every 500 ms until the context of its leadership ends, e.g.
 //
-//	15:04:05.500  worker-1 (term 1)  processed item 3
+//	15:04:05.500  worker-1 (term 1796271825092524)  processed item 3
 //
 // The term is the leadership's fencing token (elector.TermFromContext):
 // every new leadership has a higher one, so the store a real worker writes
-// to can reject a stale leader. The program also prints every leadership
-// change, from the callbacks: OnStartedLeading ("worker-2 is leader (term
-// 2)"), OnStoppedLeading ("worker-1 stopped leading") and, on the other
+// to can reject a stale leader. Terms are large and not consecutive (at
+// least the Redis nodes' clock in microseconds: docs/fencing.md). The
+// program also prints every leadership change, from the callbacks:
+// OnStartedLeading ("worker-2 is leader (term 1796271828301877)"),
+// OnStoppedLeading ("worker-1 stopped leading") and, on the other
 // instances, OnNewLeader ("worker-3 sees worker-2 as leader").
 //
 // To show failover it kills the current leader every 3 s, alternating two
