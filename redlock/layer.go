@@ -15,7 +15,7 @@ import (
 // The seam. A layer adds one feature to a lock's rounds: fencing,
 // reentrancy, restart gating, wake on release, the scheduler's records
 // (a record, a high-water mark, a release log), quorum-first asking. The
-// core (acquire.go, lock.go, round.go) calls the layers at fixed points
+// core (acquire.go, lock.go, round.go, client.go) calls the layers at fixed points
 // and names none of them (docs/design.md, "The seam"):
 //
 //   - In the scripts: each layer's Lua fragment (scripts/<layer>.lua)

@@ -18,8 +18,8 @@ import (
 // Lock is a lock held on a quorum of nodes, as returned by Acquire and
 // TryAcquire. Its methods are safe for concurrent use: Extend and Release
 // of one Lock run one at a time, so that Until never runs ahead of what a
-// quorum of nodes holds. The lock value (a random 128-bit owner token) is
-// never exposed or logged.
+// quorum of nodes holds. The lock value (its 128-bit owner token: random,
+// or derived from WithOwner's ID) is never exposed or logged.
 type Lock struct {
 	c         *Client
 	cfg       lockConfig

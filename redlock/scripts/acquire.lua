@@ -8,6 +8,9 @@
 -- Reply: {1, the layers' elements...} granted; {0, holder's value, its
 -- PTTL, i} refused by lock key i, or by a layer (i = I.<layer>, <= 0); a
 -- layer's own reply (gating's {2, ms left}).
+-- Locals a layer's fragment may read: value, ttl, n, tok; in refused the
+-- refusing key's i and its value v; in granted mine (keys already ours)
+-- and reply (it appends its elements).
 local value, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 --@ layout
 local tok = string.sub(value, 1, TOKEN)

@@ -11,6 +11,7 @@
 -- longer one, on another connection, and must not cut it short; other
 -- holds of a reentrant owner share the keys); the reply is 1 when every
 -- lock key was there, 3 when one was missing (regained).
+-- Locals a layer's fragment may read: value, ttl, n, tok.
 local value, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 --@ layout
 local tok = string.sub(value, 1, TOKEN)

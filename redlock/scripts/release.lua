@@ -7,6 +7,8 @@
 -- keep a key that other holds still use (hold), act where a key is
 -- deleted (deleted), and after (released); an undo first takes back what
 -- the layers' acquire part set beside the keys (undo).
+-- Locals a layer's fragment may read: value, n, tok; in hold and deleted
+-- the key's i and its value v; hold may set last to false (keep the key).
 local value, n = ARGV[1], tonumber(ARGV[2])
 --@ layout
 local tok = string.sub(value, 1, TOKEN)
