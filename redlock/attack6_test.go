@@ -327,3 +327,87 @@ func TestAttack6RefusedReleaseCannotBeRetried(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack6QuorumFirstExclusionUnderFaults: contenders mixing
+// quorum-first rounds (given to New, and to a call) and plain ones on the
+// same resources, while one node is frozen and thawed and another killed
+// (losing its data) and restarted, under restart gating: a grant never
+// comes while another holder's validity has not ended.
+func TestAttack6QuorumFirstExclusionUnderFaults(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	gate := 2 * time.Second
+	for _, s := range cl { // the nodes have voted for longer than the gate
+		must(t, s.Client(t).Set(ctx, "\x00restart-gate", "0", 0).Err())
+	}
+	clients := []*redlock.Client{
+		newClient(t, readTimeoutClients(t, cl, 0, true), redlock.WithNodeTimeout(150*time.Millisecond), redlock.WithRestartGating(gate), redlock.WithQuorumFirst()),
+		newClient(t, readTimeoutClients(t, cl, time.Second, false), redlock.WithNodeTimeout(150*time.Millisecond), redlock.WithRestartGating(gate)),
+		newClient(t, readTimeoutClients(t, cl, 0, true), redlock.WithNodeTimeout(150*time.Millisecond), redlock.WithRestartGating(gate)),
+	}
+	type hold struct {
+		l     *redlock.Lock
+		until time.Time
+	}
+	var mu sync.Mutex
+	cur := map[string]*hold{}
+	var granted, violations atomic.Int32
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Go(func() {
+			c := clients[w%len(clients)]
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				res := fmt.Sprintf("r%d", i%2)
+				opts := []redlock.LockOption{redlock.WithRetry(constantRetry(5 * time.Millisecond))}
+				if w%4 == 1 {
+					opts = append(opts, redlock.WithQuorumFirst())
+				}
+				actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				l, err := c.Acquire(actx, []string{res}, time.Second, opts...)
+				cancel()
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				if h := cur[res]; h != nil && time.Now().Before(h.until) {
+					violations.Add(1)
+					t.Errorf("%s granted to worker %d while another holder is valid for %v more", res, w, time.Until(h.until))
+				}
+				cur[res] = &hold{l: l, until: l.Until()}
+				mu.Unlock()
+				granted.Add(1)
+				time.Sleep(2 * time.Millisecond)
+				mu.Lock()
+				if h := cur[res]; h != nil && h.l == l {
+					delete(cur, res)
+				}
+				mu.Unlock()
+				_ = l.Release(ctx)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	cl[0].Stop(t)
+	time.Sleep(400 * time.Millisecond)
+	cl[1].Kill(t)
+	time.Sleep(200 * time.Millisecond)
+	cl[0].Cont(t)
+	time.Sleep(300 * time.Millisecond)
+	cl[1].Restart(t)
+	cl[2].Stop(t)
+	time.Sleep(400 * time.Millisecond)
+	cl[2].Cont(t)
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if granted.Load() == 0 {
+		t.Fatal("no contender ever held a lock")
+	}
+	t.Logf("%d grants, %d violations", granted.Load(), violations.Load())
+}
