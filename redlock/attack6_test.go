@@ -411,3 +411,68 @@ func TestAttack6QuorumFirstExclusionUnderFaults(t *testing.T) {
 	}
 	t.Logf("%d grants, %d violations", granted.Load(), violations.Load())
 }
+
+// TestAttack6SharedOptionsAtNewAndCall: a SharedOption given to a call
+// overrides the same option given to New ("a call's own options apply
+// after New's, so a call overrides the default").
+func TestAttack6SharedOptionsAtNewAndCall(t *testing.T) {
+	s := redlocktest.StartServer(t)
+	ctx := context.Background()
+	nodes := []redis.UniversalClient{ctxTimeoutClient(t, s, 0)}
+	t.Run("fencing", func(t *testing.T) {
+		c := newClient(t, nodes, redlock.WithFencing(true))
+		l, err := c.TryAcquire(ctx, []string{"f1"}, 10*time.Second, redlock.WithFencing(false))
+		must(t, err)
+		defer l.Release(ctx)
+		if tok := l.FencingToken(); tok != 0 {
+			t.Errorf("WithFencing(false) to the call over WithFencing(true) to New: token %d, want 0", tok)
+		}
+	})
+	t.Run("metadata", func(t *testing.T) {
+		c := newClient(t, nodes, redlock.WithMetadata("new"))
+		l, err := c.TryAcquire(ctx, []string{"m1"}, 10*time.Second, redlock.WithMetadata("call"))
+		must(t, err)
+		defer l.Release(ctx)
+		if md := l.Metadata(); md != "call" {
+			t.Errorf("Metadata %q, want the call's", md)
+		}
+	})
+	t.Run("owner", func(t *testing.T) {
+		c := newClient(t, nodes, redlock.WithOwner("a"))
+		l, err := c.TryAcquire(ctx, []string{"o1"}, 10*time.Second)
+		must(t, err)
+		defer l.Release(ctx)
+		if _, err := c.TryAcquire(ctx, []string{"o1"}, 10*time.Second, redlock.WithOwner("b")); !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Errorf("owner b over New's owner a acquired a's lock: %v", err)
+		}
+		l2, err := c.TryAcquire(ctx, []string{"o1"}, 10*time.Second)
+		must(t, err) // the same owner a re-enters
+		must(t, l2.Release(ctx))
+	})
+	t.Run("nodeTimeout", func(t *testing.T) {
+		c := newClient(t, nodes, redlock.WithNodeTimeout(time.Microsecond))
+		l, err := c.TryAcquire(ctx, []string{"n1"}, 10*time.Second, redlock.WithNodeTimeout(time.Second))
+		must(t, err)
+		must(t, l.Extend(ctx, 10*time.Second)) // the Lock's rounds keep the call's timeout
+		must(t, l.Release(ctx))
+	})
+}
+
+// TestAttack6CallMetadataOverNewMetadataFunc: WithMetadataFunc given to
+// New beats WithMetadata given to a call, against the SharedOption
+// contract (options.go: "A call's own options apply after New's, so a
+// call overrides the default"); WithMetadataFunc's doc says only "It
+// overrides WithMetadata", which reads as within one option list.
+func TestAttack6CallMetadataOverNewMetadataFunc(t *testing.T) {
+	t.Skip("reproduces: New(WithMetadataFunc(f)) + TryAcquire(WithMetadata(\"call\")) holds f's metadata, not the call's")
+	s := redlocktest.StartServer(t)
+	ctx := context.Background()
+	nodes := []redis.UniversalClient{ctxTimeoutClient(t, s, 0)}
+	c := newClient(t, nodes, redlock.WithMetadataFunc(func() string { return "new-func" }))
+	l, err := c.TryAcquire(ctx, []string{"m2"}, 10*time.Second, redlock.WithMetadata("call"))
+	must(t, err)
+	defer l.Release(ctx)
+	if md := l.Metadata(); md != "call" {
+		t.Errorf("WithMetadata to the call over WithMetadataFunc to New: Metadata %q, want the call's %q", md, "call")
+	}
+}
