@@ -476,3 +476,82 @@ func TestAttack6CallMetadataOverNewMetadataFunc(t *testing.T) {
 		t.Errorf("WithMetadata to the call over WithMetadataFunc to New: Metadata %q, want the call's %q", md, "call")
 	}
 }
+
+// TestAttack6CloseDuringFrozenInlineCall: Close while a round's call to a
+// frozen node is in flight (inline with ContextTimeoutEnabled, on the
+// sender without) returns within about the call's limit (node timeout,
+// or the read timeout), and so does the round.
+func TestAttack6CloseDuringFrozenInlineCall(t *testing.T) {
+	for _, ctxTimeout := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeout), func(t *testing.T) {
+			s := redlocktest.StartServer(t)
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: ctxTimeout, ReadTimeout: 500 * time.Millisecond})
+			t.Cleanup(func() { _ = rdb.Close() })
+			c, err := redlock.New([]redis.UniversalClient{rdb}, redlock.WithNodeTimeout(300*time.Millisecond))
+			must(t, err)
+			ctx := context.Background()
+			l, err := c.TryAcquire(ctx, []string{"warm"}, 10*time.Second)
+			must(t, err)
+			time.Sleep(300 * time.Millisecond) // the sender ends
+			s.Stop(t)
+			defer s.Cont(t)
+			done := make(chan error, 2)
+			go func() {
+				_, err := c.TryAcquire(ctx, []string{"x"}, 10*time.Second)
+				done <- err
+			}()
+			go func() { done <- l.Release(ctx) }()
+			time.Sleep(50 * time.Millisecond) // the calls are in flight
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_ = c.Close(cctx)
+			if took := time.Since(start); took > 3*time.Second {
+				t.Errorf("Close took %v", took)
+			}
+			for range 2 {
+				select {
+				case err := <-done:
+					if err == nil {
+						t.Errorf("a call to the frozen node succeeded")
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a call did not return after Close")
+				}
+			}
+		})
+	}
+}
+
+// TestAttack6OneNodeKilledAndRestarted: a Client of one node (inline
+// calls) fails fast while the node is down and works again once it is
+// back, even though its script cache is empty (NOSCRIPT, resent as EVAL).
+func TestAttack6OneNodeKilledAndRestarted(t *testing.T) {
+	s := redlocktest.StartServer(t)
+	c := newClient(t, []redis.UniversalClient{ctxTimeoutClient(t, s, 0)}, redlock.WithNodeTimeout(500*time.Millisecond), redlock.WithFencing(true))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+	must(t, err)
+	must(t, l.Release(ctx))
+	s.Kill(t)
+	if _, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Errorf("TryAcquire on a killed node: %v", err)
+	}
+	s.Restart(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err = c.TryAcquire(ctx, []string{"r"}, 10*time.Second)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("TryAcquire after the restart: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	must(t, l.Extend(ctx, 10*time.Second))
+	must(t, l.Release(ctx))
+	if keys := s.Keys(t); len(keys) != 1 { // the fencing counter
+		t.Errorf("keys after Release: %q, want only the fencing counter", keys)
+	}
+}
