@@ -555,3 +555,43 @@ func TestAttack6OneNodeKilledAndRestarted(t *testing.T) {
 		t.Errorf("keys after Release: %q, want only the fencing counter", keys)
 	}
 }
+
+// TestAttack6InlineDoWithKeep: many goroutines run Do on one key of a
+// Client of one node, its Keep extending every few milliseconds (inline
+// and queued extends racing the Releases): one holder at a time, every
+// Do that got the lock ends with fn's result, and no key is left.
+func TestAttack6InlineDoWithKeep(t *testing.T) {
+	s := redlocktest.StartServer(t)
+	c := newClient(t, []redis.UniversalClient{ctxTimeoutClient(t, s, 0)}, redlock.WithNodeTimeout(time.Second))
+	ctx := context.Background()
+	var holders, ran atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 15 {
+				actx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				err := c.Do(actx, []string{"k"}, 2*time.Second, func(context.Context) error {
+					if n := holders.Add(1); n != 1 {
+						t.Errorf("%d holders of k at once", n)
+					}
+					ran.Add(1)
+					time.Sleep(5 * time.Millisecond)
+					holders.Add(-1)
+					return nil
+				}, redlock.ExtendEvery(time.Millisecond), redlock.WithRetry(constantRetry(time.Millisecond)))
+				cancel()
+				if err != nil && !errors.Is(err, redlock.ErrNotAcquired) && !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Do: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if ran.Load() == 0 {
+		t.Fatal("fn never ran")
+	}
+	must(t, c.Wait(ctx))
+	if keys := s.Keys(t); len(keys) != 0 {
+		t.Errorf("keys left: %q", keys)
+	}
+}
