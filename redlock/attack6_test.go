@@ -299,16 +299,11 @@ func TestAttack6ReentrantReleaseLog(t *testing.T) {
 }
 
 // TestAttack6RefusedReleaseCannotBeRetried: a Release refused by the
-// release log's check deleted nothing on any node (the verify hook), yet
-// the Lock counts as released: a second Release returns nil and sends
-// nothing, Extend says "already released", and the keys stay on every node
-// until their TTL. Release's doc says so for failed releases in general
-// ("its keys stay until their TTL runs out"), but after this refusal
-// nothing at all was released, and TestReleaseLogOnAnotherKeyKeepsTheLock
-// ends with a second l.Release(ctx) that looks like it frees the lock and
-// does not.
+// release log's check deleted nothing on any node (the verify hook); the
+// Lock must stay held so that a second Release, without the log, frees
+// it (it used to count as released: the second Release returned nil,
+// sent nothing, and the keys stayed until their TTL).
 func TestAttack6RefusedReleaseCannotBeRetried(t *testing.T) {
-	t.Skip("reproduces: after a Release refused by WithReleaseLog's type check (ErrMisconfigured, nothing deleted), a retried Release returns nil without I/O and the lock's keys stay on every node until their TTL")
 	cl := redlocktest.Start(t, 3)
 	c := newClient(t, cl.Clients(t))
 	ctx := context.Background()
@@ -458,13 +453,10 @@ func TestAttack6SharedOptionsAtNewAndCall(t *testing.T) {
 	})
 }
 
-// TestAttack6CallMetadataOverNewMetadataFunc: WithMetadataFunc given to
-// New beats WithMetadata given to a call, against the SharedOption
-// contract (options.go: "A call's own options apply after New's, so a
-// call overrides the default"); WithMetadataFunc's doc says only "It
-// overrides WithMetadata", which reads as within one option list.
+// TestAttack6CallMetadataOverNewMetadataFunc: WithMetadata given to a
+// call beats WithMetadataFunc given to New, as SharedOption promises ("a
+// call overrides the default"); New's func used to win.
 func TestAttack6CallMetadataOverNewMetadataFunc(t *testing.T) {
-	t.Skip("reproduces: New(WithMetadataFunc(f)) + TryAcquire(WithMetadata(\"call\")) holds f's metadata, not the call's")
 	s := redlocktest.StartServer(t)
 	ctx := context.Background()
 	nodes := []redis.UniversalClient{ctxTimeoutClient(t, s, 0)}

@@ -382,7 +382,10 @@ func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, t
 // defer l.Release(ctx) may follow an explicit Release (its error came
 // from the first call).
 // Errors: ErrInvalidArgument for a nil Lock; ErrClosed after Client.Close
-// (nothing is sent; the Lock stays as it was); ErrLockLost when too many
+// (nothing is sent; the Lock stays as it was); a *QuorumError matching
+// ErrMisconfigured when a quorum refused before deleting anything (a
+// WithReleaseLog key of another type, say: the Lock stays as it was, so
+// Release may be called again); ErrLockLost when too many
 // nodes no longer held it, or fewer than a quorum deleted it after its validity had
 // ended or it was known lost (its keys are deleted where they remained);
 // otherwise a *QuorumError (errors.As) matching ErrUnavailable (nodes
@@ -413,19 +416,40 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	defer l.op.Unlock()
 	l.mu.Lock()
 	prev, until, value, expires := l.state, l.until, l.value, l.keysExpireLocked()
-	l.setStateLocked(ctx, stateReleased)
 	l.mu.Unlock()
 	if prev == stateReleased {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
 	}
 	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, release: true}, extra...)
 	rs := c.release(ctx, k.call, nil)
+	if !refusedBeforeDelete(rs, c.quorum) {
+		l.mu.Lock()
+		l.setStateLocked(ctx, stateReleased)
+		l.mu.Unlock()
+	}
 	if count(rs, OutcomeOK) >= c.quorum {
 		for i, y := range k.in {
 			y.released(l, k.largs[i])
 		}
 	}
 	return l.releaseErr(rs, prev, until, expires)
+}
+
+// refusedBeforeDelete reports whether no node deleted anything in the
+// release round rs and a quorum answered with an error an operator must
+// fix (a release script's checks run before its deletes): the Lock then
+// stays as it was, so that Release can be called again once that is fixed.
+func refusedBeforeDelete(rs []NodeResult, quorum int) bool {
+	refused := 0
+	for _, r := range rs {
+		switch {
+		case r.Outcome == OutcomeOK:
+			return false
+		case r.Outcome == OutcomeError && errors.Is(r.Err, ErrMisconfigured):
+			refused++
+		}
+	}
+	return refused >= quorum
 }
 
 // releaseErr returns Release's error for the release round rs of a Lock

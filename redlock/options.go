@@ -218,14 +218,17 @@ func WithRetry(factory func() backoff.BackOff) SharedOption {
 // e.g. an identity. It must not hold secrets. Default ""; at most
 // MaxMetadata bytes. A SharedOption: given to New, the metadata of every
 // call; given to a call (Acquire, TryAcquire, Do), that call's.
+// WithMetadata and WithMetadataFunc replace each other: the last one given
+// applies, and a call's come after New's.
 func WithMetadata(m string) SharedOption {
-	return sharedOption(func(l *lockConfig) { l.metadata = m })
+	return sharedOption(func(l *lockConfig) { l.metadata, l.metadataFunc = m, nil })
 }
 
 // WithMetadataFunc is WithMetadata with metadata that f gives anew at the
 // start of each attempt, for instance with a clock reading of that
-// moment (package scheduler's run locks). It overrides WithMetadata; a
-// result longer than MaxMetadata bytes ends the call with
+// moment (package scheduler's run locks). It replaces WithMetadata, and
+// WithMetadata replaces it: the last one given applies, and a call's come
+// after New's. A result longer than MaxMetadata bytes ends the call with
 // ErrInvalidArgument before that attempt is sent. f runs on the calling
 // goroutine. A SharedOption: given to a call (Acquire, TryAcquire, Do),
 // it runs for that call; given to New, it runs for every call,
