@@ -252,6 +252,7 @@ type NodeResult struct {
 
 	canceled    bool   // the caller's ctx ended the call: not a node failure
 	unsent      bool   // OutcomePending: never asked (round.go, forgoLocked)
+	final       bool   // acquire, OutcomeHeld: a refusal that ended the round alone (refusedForGoodLocked)
 	regained    bool   // extend, OutcomeHeld: the missing keys are set again
 	refused     bool   // acquire: the node refused and set nothing (the undo skips it)
 	traceparent string // acquire, OutcomeHeld: the holder's trace context
@@ -327,9 +328,10 @@ func (e *QuorumError) Count(o Outcome) int { return count(e.Nodes, o) }
 
 // HolderMetadata returns the metadata (WithMetadata) of the lock that
 // refused this acquire round on a quorum of nodes: the resource is really
-// held, by that holder. ok is false when no single holder refused on a
-// quorum (the nodes were split between contenders, or too few answered),
-// and for rounds other than acquire.
+// held, by that holder; or, for a round that one node's refusal ended
+// (WithHighWaterFirst), the metadata of that node's mark. ok is false
+// when no single holder refused on a quorum (the nodes were split between
+// contenders, or too few answered), and for rounds other than acquire.
 func (e *QuorumError) HolderMetadata() (metadata string, ok bool) {
 	if e.Op != "acquire" {
 		return "", false
@@ -348,6 +350,9 @@ func quorumHolder(q *QuorumError) (NodeResult, bool) {
 	for _, r := range q.Nodes {
 		if r.Outcome != OutcomeHeld {
 			continue
+		}
+		if r.final {
+			return r, true
 		}
 		v := r.value
 		if v == "" {
@@ -505,7 +510,7 @@ func describe(e *QuorumError, r NodeResult) string {
 		return "not voting yet: it has no restart-gate marker (a new node, or one that lost its data) and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
 		if r.unsent {
-			return "not asked: the round ended on the answers of the nodes asked first (WithQuorumFirst)"
+			return "not asked: the round ended on the answers of the nodes asked first (WithQuorumFirst, WithHighWaterFirst)"
 		}
 		return "not waited for: the other nodes' answers had decided the outcome"
 	}

@@ -34,3 +34,9 @@ func AskedFirst(c *Client, resource string) []bool {
 	}
 	return first
 }
+
+// FirstAsked returns the node that a round with WithHighWaterFirst asks
+// first for a lock whose first resource is resource, when it is not down.
+func FirstAsked(c *Client, resource string) int {
+	return int(fnv1a(c.cfg.keyPrefix+resource) % uint32(len(c.peers)))
+}

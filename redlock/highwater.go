@@ -26,11 +26,12 @@ var highWaterPart = script.Part{Name: "mark", Fixed: 1, Args: 2, Reply: 1, Refus
 // highWater is the layer of a Lock acquired with WithHighWater.
 type highWater struct {
 	baseLayer
-	name string // the mark's resource name
-	key  string
-	at   string
-	ttl  int64 // ms
-	prev int64 // the highest mark replaced, once held; guarded by the Lock's mu
+	name  string // the mark's resource name
+	key   string
+	at    string
+	ttl   int64 // ms
+	prev  int64 // the highest mark replaced, once held; guarded by the Lock's mu
+	first bool  // WithHighWaterFirst
 }
 
 func newHighWater(c *Client, cfg *lockConfig, resources []string, _ bool) (layer, error) {
@@ -50,7 +51,7 @@ func newHighWater(c *Client, cfg *lockConfig, resources []string, _ bool) (layer
 		return nil, err
 	}
 	return &highWater{name: cfg.mark, key: c.cfg.keyPrefix + cfg.mark, at: strconv.FormatInt(cfg.markAt, 10),
-		ttl: cfg.markTTL.Milliseconds()}, nil
+		ttl: cfg.markTTL.Milliseconds(), first: cfg.markFirst}, nil
 }
 
 func (*highWater) part() script.Part { return highWaterPart }
@@ -129,5 +130,49 @@ func (l *Lock) PreviousMark() int64 {
 // LockOption only (Acquire, TryAcquire, Do): it names one acquisition's
 // mark, so it does not compile as an option of New. Default: no mark.
 func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
-	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL = record, at, ttl })
+	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL, l.markFirst = record, at, ttl, false })
 }
+
+// WithHighWaterFirst is WithHighWater with one node asked first: each
+// acquire round of the call asks the node that the lock's first key
+// chooses (the same for every caller of the same resources), and a
+// refusal there by the mark ends the round: the mark says that another
+// acquisition took this mark or a later one, so the other nodes are not
+// asked (OutcomePending, "not asked") and the round's QuorumError names
+// that node's holder (HolderMetadata) as a quorum's would. On any other
+// answer from that node (a grant, a refusal by the lock's keys, an
+// error) the round asks the others at once, and at half the node timeout
+// when it is still silent (the hedge); when it is known down (it has not
+// answered since a call timed out) the round asks every node at once.
+//
+// Contenders for the same mark that start at the same instant cost one
+// command each but the first to reach that node, instead of one per node:
+// that node orders them. Exclusion is unchanged: the lock is held when a
+// quorum granted within the validity, counted as for every round, and a
+// node asked later is one whose request was delayed. What it gives up is
+// liveness in one case: an acquisition that raised the mark on the first
+// node and then failed on the others (its process died, or every retry
+// failed before its deadline) leaves the mark there, and callers refused
+// by it do not try the others; the mark's acquisition is then made by
+// no one (the scheduler reports such a scheduled time as missed). An
+// acquisition that fails on the others undoes the first node, putting
+// its mark back, and retries as any round does. Its order replaces
+// WithQuorumFirst's. A winner's round takes two round trips instead of
+// one. A LockOption only; its arguments and rules are WithHighWater's,
+// and the last of the two given applies.
+func WithHighWaterFirst(record string, at int64, ttl time.Duration) LockOption {
+	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL, l.markFirst = record, at, ttl, true })
+}
+
+// order returns, with WithHighWaterFirst, the asking order of one acquire
+// round: one node first, and a refusal there by the mark is final
+// (quorumfirst.go); nil otherwise.
+func (h *highWater) order() askingOrder {
+	if !h.first {
+		return nil
+	}
+	return &quorumFirst{ask: 1, final: refusedByMark}
+}
+
+// refusedByMark reports whether r is a refusal by a high-water mark.
+func refusedByMark(r NodeResult) bool { return r.HolderMark != 0 }

@@ -104,6 +104,7 @@ type lockConfig struct {
 	mark           string                           // WithHighWater: resource name, "" for none
 	markAt         int64                            // WithHighWater
 	markTTL        time.Duration                    // WithHighWater
+	markFirst      bool                             // WithHighWaterFirst
 	retryIf        func(n int, q *QuorumError) bool // WithRetryIf: nil retries always
 	metadataFunc   func() string                    // WithMetadataFunc
 	noWake         bool                             // WithReleaseNotices(false) given to the call or to New

@@ -78,13 +78,17 @@ func (quorumFirstLayer) part() script.Part { return script.Part{Name: "quorumfir
 func (quorumFirstLayer) order() askingOrder { return &quorumFirst{} }
 
 // quorumFirst is one round's quorum-first order: what it has not asked
-// yet.
+// yet. With ask > 0 it asks that many nodes first instead of a quorum,
+// and a refusal by a node asked first for which final holds ends the
+// round (highwater.go's one node first).
 type quorumFirst struct {
-	firsts []bool      // the nodes asked first (never changes once set)
-	back   []bool      // the nodes held back, not asked yet
-	n      int         // how many are held back
-	left   int         // nodes asked first that have not answered
-	hedge  *time.Timer // asks the rest at half the node timeout
+	ask    int                   // nodes to ask first; 0: a quorum
+	final  func(NodeResult) bool // a refusal that ends the round; nil: none
+	firsts []bool                // the nodes asked first (never changes once set)
+	back   []bool                // the nodes held back, not asked yet
+	n      int                   // how many are held back
+	left   int                   // nodes asked first that have not answered
+	hedge  *time.Timer           // asks the rest at half the node timeout
 }
 
 // first chooses the nodes asked first: a quorum, in the ring order of the
@@ -95,8 +99,15 @@ type quorumFirst struct {
 // nothing (its first grant asks the others) and a loser the hedge, while
 // passing over it would let callers that disagree on whether it is down
 // ask different nodes first and split them.
+//
+// A round that asks one node first asks every node at once when that
+// node is known down (it has not answered since a call timed out): the
+// hedge would only delay it.
 func (h *quorumFirst) first(rs *roundState) []bool {
 	n, q := len(rs.c.peers), rs.c.quorum
+	if h.ask > 0 {
+		q = h.ask
+	}
 	first, back := make([]bool, n), make([]bool, n)
 	start := 0
 	if len(rs.b.keys) > 0 {
@@ -108,6 +119,9 @@ func (h *quorumFirst) first(rs *roundState) []bool {
 		switch {
 		case rs.b.skipped(i): // not called
 		case left < q:
+			if q == 1 && rs.c.peers[i].down.Load() {
+				return nil
+			}
 			first[i] = true
 			left++
 		default:
@@ -140,6 +154,9 @@ func (h *quorumFirst) answered(rs *roundState, i int, r NodeResult) {
 	}
 	h.left--
 	switch {
+	case h.final != nil && r.Outcome == OutcomeHeld && h.final(r):
+		h.giveUpRest(rs)
+		rs.refusedForGoodLocked(i)
 	case rs.t.bad > rs.t.nodes-rs.t.quorum:
 		h.giveUpRest(rs)
 	case r.Outcome != OutcomeHeld || h.left == 0:

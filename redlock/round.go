@@ -118,8 +118,9 @@ type broadcast struct {
 // all at once: a layer's, for the Lock's acquire rounds (layer.order;
 // docs/design.md, "A round"). It is made for one round. The round calls
 // it at fixed points, and it acts on the round only by asking a node it
-// has not asked yet (askLocked), by giving one up (forgoLocked) and
-// through whileUndecided.
+// has not asked yet (askLocked), by giving one up (forgoLocked), by
+// taking a refusal as final (refusedForGoodLocked) and through
+// whileUndecided.
 type askingOrder interface {
 	// first returns the nodes to ask at once, before the round counts or
 	// sends anything (rs.mu is not held); nil asks every node. The round
@@ -506,6 +507,14 @@ func (rs *roundState) forgoLocked(i int) {
 		rs.t.down--
 	}
 	rs.t.unsent++
+}
+
+// refusedForGoodLocked marks node i's refusal as one that ends the round
+// alone: its asking order gave up the nodes not asked, and the round's
+// QuorumError names i's holder as a quorum's (quorumHolder). rs.mu is
+// held.
+func (rs *roundState) refusedForGoodLocked(i int) {
+	rs.results[i].final = true
 }
 
 // unsent is the result of node p, never asked by a round that waited d:

@@ -259,9 +259,10 @@ func TestDifferentSchedulesAreWarned(t *testing.T) {
 
 // TestOneRoundPerTick: the run lock and the job's record of scheduled
 // times are taken in one script per node, and an instance that loses the
-// scheduled time pays that one round and nothing more (each tick cost two
-// rounds: the record, then the run lock); the winner writes the run
-// record once per node. A Locker with no fleet loop (no Scheduler) also
+// scheduled time pays one script, to the node asked first, and nothing
+// more (each tick cost two rounds, the record then the run lock, and
+// later one script per node); the winner writes the run record once per
+// node. A Locker with no fleet loop (no Scheduler) also
 // reads the fleet's pauses once, in its first Lock (then at most once
 // every three fleet polls): one more script per node.
 func TestOneRoundPerTick(t *testing.T) {
@@ -309,18 +310,16 @@ func TestOneRoundPerTick(t *testing.T) {
 		}
 		// The read of the pauses (a quorum of nodes or more: it returns at
 		// a quorum, and the call to a node not sent by then is dropped);
-		// one script per node; the winner's
-		// release, which writes the run record in the same script; for a
-		// loser, the undo of the nodes that had not answered when the
-		// round was decided (they might have granted): at most N - quorum.
+		// for the winner, one script per node and the release, which
+		// writes the run record in the same script; for a loser, one
+		// script to the node asked first, refused there by the record.
 		n := in.calls.n.Load()
-		if i == 0 && (n < 2+6 || n > 3+6) || i > 0 && (n < 2+3 || n > 3+3+1) {
-			t.Errorf("instance %d sent %d lock commands, want %s", i, n, map[bool]string{true: "2..3 + 6", false: "2..3 + 3..4"}[i == 0])
+		if i == 0 && (n < 2+6 || n > 3+6) || i > 0 && (n < 2+1 || n > 3+1) {
+			t.Errorf("instance %d sent %d lock commands, want %s", i, n, map[bool]string{true: "2..3 + 6", false: "2..3 + 1"}[i == 0])
 		}
 	}
-	// What is left: the record of scheduled times on a quorum of nodes (a
-	// loser may have reached a node before the winner, and undone its
-	// grant there), and the run record.
+	// What is left: the record of scheduled times on every node, and the
+	// run record.
 	records := 0
 	for i, s := range cl {
 		switch keys := s.Keys(t); {
@@ -330,8 +329,8 @@ func TestOneRoundPerTick(t *testing.T) {
 			t.Errorf("node %d keys %q, want the records only", i, keys)
 		}
 	}
-	if records < 2 {
-		t.Errorf("the record of scheduled times is on %d nodes, want a quorum", records)
+	if records != 3 {
+		t.Errorf("the record of scheduled times is on %d nodes, want every node", records)
 	}
 }
 

@@ -91,10 +91,12 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 // and is retried. Losers do not wait for the winner's release (no release
 // notices): a refusal by a holder is final. Its rounds are patient
 // (redlock.WithPatientRounds): they wait for every node, also one that
-// timed out in the burst, and losers send no undo. They ask every node at
-// once, not a quorum first (redlock.WithQuorumFirst): a fleet's instances
-// fire at the same instant, so the nodes asked first split them and the
-// split costs more commands than the quorum saves (docs/benchmarks.md).
+// timed out in the burst, and losers send no undo. A scheduled run's
+// rounds ask one node first (redlock.WithHighWaterFirst): a fleet's
+// instances fire at the same instant, that node orders them, and every
+// instance but the first to reach it is refused there by the job's record
+// of scheduled times and sends nothing else (docs/scheduling.md, "What it
+// costs"). A manual run, which raises no record, asks every node at once.
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
 	opts := []redlock.LockOption{
 		redlock.WithMetadataFunc(l.metadata),
@@ -105,7 +107,7 @@ func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redl
 		redlock.WithPatientRounds(),
 	}
 	if c.kind != kindManual {
-		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
+		opts = append(opts, redlock.WithHighWaterFirst(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
 	}
 	return opts
 }

@@ -48,6 +48,12 @@ type ClientSpec struct {
 	// QuorumFirst: its acquire rounds ask a quorum of the nodes first
 	// (WithQuorumFirst; quorumfirst.go).
 	QuorumFirst bool
+	// OneFirst: its acquire rounds ask node 0 first and the others on
+	// its answer (WithHighWaterFirst); with FinalRefusal a refusal there
+	// ends the round, as a refusal by the high-water mark does (the model
+	// has no mark: every refusal stands for one), without it a refusal
+	// there asks the others, as a refusal by a lock key does.
+	OneFirst, FinalRefusal bool
 	// Start is the first tick at which it may acquire. Eager makes it
 	// acquire at Start and retry at the next tick after a failed attempt,
 	// rather than at any time: a directed run for the timing of one

@@ -12,8 +12,8 @@
 //     on the model and compares every reply and the whole key space.
 //   - model.go is the protocol: nodes running those scripts on their own
 //     clocks, clients running acquire.go's attempt (the quorum, the
-//     validity, the undo, the retries; WithQuorumFirst's rounds in a file
-//     of the same name, quorumfirst.go), fencing.go's check, fence and
+//     validity, the undo, the retries; WithQuorumFirst's and
+//     WithHighWaterFirst's rounds in quorumfirst.go), fencing.go's check, fence and
 //     note rounds, lock.go's Extend and Release, keep.go's Keep, with
 //     validity on their own monotonic clocks.
 //   - explore.go explores every state reachable within a horizon,

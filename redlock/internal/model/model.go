@@ -221,7 +221,7 @@ func (mm *m) startRound(s *State, i int, kind byte, end int64, msg Msg) {
 	c.Seq++
 	c.Round = Round{Kind: kind, Seq: c.Seq, End: end}
 	if mm.quorumFirst(i, kind) {
-		c.Round.Held = holdBack()
+		c.Round.Held = holdBack(mm.cfg.Clients[i].OneFirst)
 	}
 	msg.Seq, msg.Kind = c.Seq, kind
 	s.broadcast(i, c.Round.Held, msg)

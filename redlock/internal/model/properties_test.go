@@ -224,3 +224,26 @@ func TestQuorumFirstContendersRestartsWithGating(t *testing.T) {
 	cfg.NodeTimeout = 4
 	sawQuorumFirst(t, holds(t, cfg), qfGivenUp, qfAsked)
 }
+
+// TestOneFirstNetworkFaults: two clients whose acquire rounds ask one
+// node first (WithHighWaterFirst), one taking a refusal there as final
+// (a refusal by the mark), the other asking the rest after it (a refusal
+// by a lock key), with a lost and a delayed message. Both paths and the
+// hedge are reached, and exclusion holds.
+func TestOneFirstNetworkFaults(t *testing.T) {
+	cfg := quorumFirst("one first (both), network faults", pick[int64](6, 10),
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, OneFirst: true, FinalRefusal: true},
+		ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Eager: true, Start: 1, OneFirst: true})
+	cfg.Faults = Faults{Loss: 1, Delay: 1, Reorder: pick(0, 1)}
+	sawQuorumFirst(t, holds(t, cfg), ofFinal, qfAsked, qfHedge)
+}
+
+// TestOneFirstRestartsWithGating: the same clients, no network faults,
+// and two nodes restarting empty behind the gate.
+func TestOneFirstRestartsWithGating(t *testing.T) {
+	cfg := gated("one first (both), restarts, gating", pick[int64](13, 16),
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, OneFirst: true, FinalRefusal: true},
+		ClientSpec{Holds: 1, Attempts: pick(3, 8), Eager: !long(), Start: 2, OneFirst: true})
+	cfg.NodeTimeout = 4
+	sawQuorumFirst(t, holds(t, cfg), ofFinal, qfAsked)
+}

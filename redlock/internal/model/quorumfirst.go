@@ -11,16 +11,28 @@ package model
 // an answer, and no undo goes to them. What is still held back when the
 // round ends is unasked too.
 
+//
+// One node first (redlock/highwater.go, WithHighWaterFirst) is the same
+// order with node 0 alone asked first; with FinalRefusal a refusal by
+// node 0 gives the others up (the mark's final refusal).
+
 // quorumFirst reports whether a round of client i of this kind holds
-// nodes back: its acquire rounds, under ClientSpec.QuorumFirst.
+// nodes back: its acquire rounds, under ClientSpec.QuorumFirst or
+// OneFirst.
 func (mm *m) quorumFirst(i int, kind byte) bool {
-	return kind == 'a' && mm.cfg.Clients[i].QuorumFirst
+	spec := mm.cfg.Clients[i]
+	return kind == 'a' && (spec.QuorumFirst || spec.OneFirst)
 }
 
-// holdBack returns the nodes a quorum-first round does not ask at first.
-func holdBack() [Nodes]bool {
+// holdBack returns the nodes a quorum-first round does not ask at first:
+// all but node 0 for one node first.
+func holdBack(oneFirst bool) [Nodes]bool {
+	from := Quorum
+	if oneFirst {
+		from = 1
+	}
 	var held [Nodes]bool
-	for n := Quorum; n < Nodes; n++ {
+	for n := from; n < Nodes; n++ {
 		held[n] = true
 	}
 	return held
@@ -45,12 +57,21 @@ func (mm *m) answered(s *State, i, n int) {
 		}
 	}
 	switch {
+	case mm.cfg.Clients[i].FinalRefusal && r.Res[n].Out == 'H':
+		if s.event == "" {
+			s.event = ofFinal
+		}
+		mm.giveUpRest(s, i)
 	case r.Answer-count(r, 'O') > Nodes-Quorum:
 		mm.giveUpRest(s, i)
 	case r.Res[n].Out != 'H' || left == 0:
 		mm.askRest(s, i, "quorum first: the rest asked after a first answer")
 	}
 }
+
+// ofFinal is the event of a one-node-first round that its first node's
+// refusal ended.
+const ofFinal = "one first: a refusal there is final"
 
 // hedge asks the nodes held back at half the node timeout.
 func (mm *m) hedge(s *State, i int) {

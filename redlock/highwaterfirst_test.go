@@ -1,0 +1,150 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/schedlock/schedlock/redlock"
+	"github.com/schedlock/schedlock/redlock/redlocktest"
+)
+
+// TestHighWaterFirstLosersAskOneNode: contenders for the same mark, one
+// after the other: the first wins on every node, every later one is
+// refused by the mark on the node asked first and asks no other; the
+// refusal names the winner as a quorum's would, and matches neither
+// ErrUnavailable nor anything but ErrNotAcquired.
+func TestHighWaterFirstLosersAskOneNode(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	nodes, hooks := countedClients(t, cl)
+	c := newClient(t, nodes)
+	first := redlock.FirstAsked(c, "job")
+	l, err := c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithMetadata("winner"),
+		redlock.WithHighWaterFirst("taken", 100, time.Minute))
+	must(t, err)
+	defer l.Release(ctx)
+	waitSettled(t, c)
+	if got := counts(hooks); !slices.Equal(got, []int32{1, 1, 1}) {
+		t.Fatalf("commands per node after the winner %v, want one each", got)
+	}
+	for i, at := range []int64{100, 99} { // the same mark, and an earlier one
+		_, err := c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWaterFirst("taken", at, time.Minute))
+		var q *redlock.QuorumError
+		if !errors.As(err, &q) || !errors.Is(err, redlock.ErrNotAcquired) || errors.Is(err, redlock.ErrUnavailable) {
+			t.Fatalf("loser %d: %v; want a *QuorumError matching ErrNotAcquired only", i, err)
+		}
+		if md, ok := q.HolderMetadata(); !ok || md != "winner" {
+			t.Errorf("loser %d: HolderMetadata() = %q, %v; want the winner's", i, md, ok)
+		}
+		if r := q.Nodes[first]; r.Outcome != redlock.OutcomeHeld || r.HolderMark != 100 || r.Resource != "taken" {
+			t.Errorf("loser %d: node %d asked first: %+v; want refused by mark 100 of taken", i, first, r)
+		}
+		for j, r := range q.Nodes {
+			if j != first && r.Outcome != redlock.OutcomePending {
+				t.Errorf("loser %d: node %d: %v, want pending (not asked)", i, j, r.Outcome)
+			}
+		}
+		if !strings.Contains(err.Error(), "not asked") {
+			t.Errorf("loser %d: error %q does not say the other nodes were not asked", i, err)
+		}
+	}
+	waitSettled(t, c)
+	want := []int32{1, 1, 1}
+	want[first] += 2
+	if got := counts(hooks); !slices.Equal(got, want) {
+		t.Errorf("commands per node after two losers %v, want %v (one each on the node asked first, no undo)", got, want)
+	}
+}
+
+// TestHighWaterFirstAsksTheRest: on any answer of the node asked first
+// but a refusal by the mark (another's lock key there, a killed node, a
+// silent node: the hedge), the round asks the others and is granted by
+// them.
+func TestHighWaterFirstAsksTheRest(t *testing.T) {
+	for _, fault := range []string{"lock key", "killed", "stopped", "known down"} {
+		t.Run(fault, func(t *testing.T) {
+			cl := redlocktest.Start(t, 3)
+			ctx := context.Background()
+			c := newClient(t, cl.Clients(t), redlock.WithNodeTimeout(2*time.Second))
+			first := redlock.FirstAsked(c, "job")
+			switch fault {
+			case "lock key": // as an earlier failed attempt of another's left it
+				must(t, cl[first].Client(t).Set(ctx, "job", "someone else's", 10*time.Second).Err())
+			case "killed":
+				cl[first].Kill(t)
+			case "stopped", "known down":
+				cl[first].Stop(t)
+				defer cl[first].Cont(t)
+				if fault == "known down" {
+					redlock.MarkDown(c, first)
+				}
+			}
+			start := time.Now()
+			l, err := c.TryAcquire(ctx, []string{"job"}, 20*time.Second, redlock.WithHighWaterFirst("taken", 7, time.Minute))
+			if err != nil {
+				t.Fatalf("node %d asked first (%s): %v; want granted by the other two", first, fault, err)
+			}
+			if d := time.Since(start); fault == "known down" && d > time.Second {
+				t.Errorf("with the node asked first known down, the round took %v; want every node asked at once, not the hedge at 1s", d)
+			}
+			if fault == "stopped" || fault == "known down" {
+				cl[first].Cont(t)
+			}
+			must(t, l.Release(ctx))
+		})
+	}
+}
+
+// TestHighWaterFirstExclusionAndOneRunPerMark: contenders on three
+// clients race for each of a run of marks at the same instant; each mark
+// is granted to exactly one of them, and no two hold the lock at once.
+func TestHighWaterFirstExclusionAndOneRunPerMark(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	clients := make([]*redlock.Client, 3)
+	for i := range clients {
+		clients[i] = newClient(t, cl.Clients(t), redlock.WithNodeTimeout(2*time.Second))
+	}
+	const marks, contenders = 40, 6
+	var holding atomic.Int32
+	wins := make([]atomic.Int32, marks+1)
+	for m := 1; m <= marks; m++ {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for w := range contenders {
+			wg.Go(func() {
+				<-start
+				l, err := clients[w%3].Acquire(ctx, []string{"job"}, 5*time.Second,
+					redlock.WithHighWaterFirst("taken", int64(m), time.Minute), redlock.WithReleaseNotices(false),
+					redlock.WithRetryIf(func(_ int, q *redlock.QuorumError) bool {
+						_, held := q.HolderMetadata()
+						return !held
+					}))
+				if err != nil {
+					if !errors.Is(err, redlock.ErrNotAcquired) {
+						t.Errorf("mark %d: %v", m, err)
+					}
+					return
+				}
+				if holding.Add(1) > 1 {
+					t.Errorf("mark %d: two holders at once", m)
+				}
+				wins[m].Add(1)
+				time.Sleep(time.Millisecond)
+				holding.Add(-1)
+				must(t, l.Release(ctx))
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := wins[m].Load(); n != 1 {
+			t.Errorf("mark %d granted %d times, want once", m, n)
+		}
+	}
+}
