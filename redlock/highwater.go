@@ -144,6 +144,10 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // error) the round asks the others at once, and at half the node timeout
 // when it is still silent (the hedge); when it is known down (it has not
 // answered since a call timed out) the round asks every node at once.
+// Only a call's first attempt takes that refusal as final: Acquire's and
+// Do's retries ask the others after any answer of the node asked first,
+// since the round before failed on timeouts or a split and that node may
+// hold a failed attempt's mark, soon undone.
 //
 // Contenders for the same mark that start at the same instant cost one
 // command each but the first to reach that node, instead of one per node:

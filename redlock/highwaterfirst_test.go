@@ -148,3 +148,36 @@ func TestHighWaterFirstExclusionAndOneRunPerMark(t *testing.T) {
 		}
 	}
 }
+
+// TestHighWaterFirstRetryAsksTheRest: a mark on the node asked first
+// alone (a failed attempt's, not undone yet) ends a call's first round,
+// but not its retry: Acquire's second round asks the others after that
+// node's refusal and is granted by them.
+func TestHighWaterFirstRetryAsksTheRest(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes)
+	first := redlock.FirstAsked(c, "job")
+	alone := newClient(t, nodes[first:first+1])
+	stale, err := alone.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWater("taken", 5, time.Minute))
+	must(t, err)
+	_, err = c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWaterFirst("taken", 5, time.Minute))
+	if !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("first round against the mark on node %d: %v, want refused there", first, err)
+	}
+	must(t, stale.Release(ctx)) // its lock key goes; its mark stays
+	var rounds []int
+	l, err := c.Acquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWaterFirst("taken", 5, time.Minute),
+		redlock.WithReleaseNotices(false), redlock.WithRetryIf(func(n int, _ *redlock.QuorumError) bool {
+			rounds = append(rounds, n)
+			return n < 2
+		}))
+	if err != nil {
+		t.Fatalf("Acquire with a retry: %v; want the retry granted by the two nodes without the mark", err)
+	}
+	defer l.Release(ctx)
+	if !slices.Equal(rounds, []int{1}) {
+		t.Errorf("retry condition called after rounds %v, want after the first only", rounds)
+	}
+}

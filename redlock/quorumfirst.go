@@ -102,11 +102,21 @@ type quorumFirst struct {
 //
 // A round that asks one node first asks every node at once when that
 // node is known down (it has not answered since a call timed out): the
-// hedge would only delay it.
+// hedge would only delay it. A round that may take a refusal as final
+// does so on a call's first attempt only: a retry follows a round that
+// failed on timeouts or a split, after which the node asked first may
+// hold the mark of another caller's failed attempt, not yet undone,
+// while that caller, refused by a quorum of this call's own failed
+// attempt, gives up too. A retry still asks that node first, which
+// orders the contenders that retry together (the first it grants sends
+// to the others first), and then the others whatever it answered.
 func (h *quorumFirst) first(rs *roundState) []bool {
 	n, q := len(rs.c.peers), rs.c.quorum
 	if h.ask > 0 {
 		q = h.ask
+	}
+	if rs.b.attempt > 1 {
+		h.final = nil // a retry: the node asked first may hold a failed attempt's mark
 	}
 	first, back := make([]bool, n), make([]bool, n)
 	start := 0

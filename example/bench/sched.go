@@ -111,6 +111,11 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 		}
 		scheds = append(scheds, s)
 		onLockErr := gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
+			if inWindow.Load() {
+				dbgMu.Lock()
+				dbgErrs = append(dbgErrs, fmt.Sprintf("bench-%d: %v", i, err))
+				dbgMu.Unlock()
+			}
 			if errors.Is(err, scheduler.ErrHeldElsewhere) {
 				held.Add(1)
 				return
@@ -205,6 +210,15 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 			switch {
 			case k == 0:
 				missed++
+				at := t.Truncate(time.Second).UTC().Format("15:04:05")
+				name := fmt.Sprintf("job-%d\"", j)
+				dbgMu.Lock()
+				for _, e := range dbgErrs {
+					if strings.Contains(e, name) && strings.Contains(e, at) {
+						fmt.Fprintln(os.Stderr, "MISSED", e)
+					}
+				}
+				dbgMu.Unlock()
 			case k > 1:
 				dup++
 			}
@@ -282,3 +296,8 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+var (
+	dbgMu   sync.Mutex
+	dbgErrs []string
+)

@@ -50,9 +50,10 @@ type ClientSpec struct {
 	QuorumFirst bool
 	// OneFirst: its acquire rounds ask node 0 first and the others on
 	// its answer (WithHighWaterFirst); with FinalRefusal a refusal there
-	// ends the round, as a refusal by the high-water mark does (the model
-	// has no mark: every refusal stands for one), without it a refusal
-	// there asks the others, as a refusal by a lock key does.
+	// ends a first attempt's round, as a refusal by the high-water mark
+	// does (the model has no mark: every refusal stands for one); without
+	// it, and in a retry, a refusal there asks the others, as a refusal
+	// by a lock key does.
 	OneFirst, FinalRefusal bool
 	// Start is the first tick at which it may acquire. Eager makes it
 	// acquire at Start and retry at the next tick after a failed attempt,

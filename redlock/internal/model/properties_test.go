@@ -226,14 +226,15 @@ func TestQuorumFirstContendersRestartsWithGating(t *testing.T) {
 }
 
 // TestOneFirstNetworkFaults: two clients whose acquire rounds ask one
-// node first (WithHighWaterFirst), one taking a refusal there as final
-// (a refusal by the mark), the other asking the rest after it (a refusal
-// by a lock key), with a lost and a delayed message. Both paths and the
+// node first (WithHighWaterFirst), the second taking a refusal there in
+// its first attempt as final (a refusal by the mark), the first asking
+// the rest after it (a refusal by a lock key), with a lost and a delayed
+// message. Both paths and the
 // hedge are reached, and exclusion holds.
 func TestOneFirstNetworkFaults(t *testing.T) {
 	cfg := quorumFirst("one first (both), network faults", pick[int64](6, 10),
-		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, OneFirst: true, FinalRefusal: true},
-		ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Eager: true, Start: 1, OneFirst: true})
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, OneFirst: true},
+		ClientSpec{Holds: 1, Attempts: 2, Extends: pick(0, 1), Eager: true, Start: 1, OneFirst: true, FinalRefusal: true})
 	cfg.Faults = Faults{Loss: 1, Delay: 1, Reorder: pick(0, 1)}
 	sawQuorumFirst(t, holds(t, cfg), ofFinal, qfAsked, qfHedge)
 }
@@ -242,8 +243,8 @@ func TestOneFirstNetworkFaults(t *testing.T) {
 // and two nodes restarting empty behind the gate.
 func TestOneFirstRestartsWithGating(t *testing.T) {
 	cfg := gated("one first (both), restarts, gating", pick[int64](13, 16),
-		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, OneFirst: true, FinalRefusal: true},
-		ClientSpec{Holds: 1, Attempts: pick(3, 8), Eager: !long(), Start: 2, OneFirst: true})
+		ClientSpec{Holds: 1, Attempts: 2, Extends: 1, Eager: true, OneFirst: true},
+		ClientSpec{Holds: 1, Attempts: pick(3, 8), Eager: !long(), Start: 2, OneFirst: true, FinalRefusal: true})
 	cfg.NodeTimeout = 4
 	sawQuorumFirst(t, holds(t, cfg), ofFinal, qfAsked)
 }

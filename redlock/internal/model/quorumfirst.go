@@ -14,7 +14,8 @@ package model
 //
 // One node first (redlock/highwater.go, WithHighWaterFirst) is the same
 // order with node 0 alone asked first; with FinalRefusal a refusal by
-// node 0 gives the others up (the mark's final refusal).
+// node 0 in an acquisition's first attempt gives the others up (the
+// mark's final refusal), and a retry asks them after any answer.
 
 // quorumFirst reports whether a round of client i of this kind holds
 // nodes back: its acquire rounds, under ClientSpec.QuorumFirst or
@@ -57,7 +58,7 @@ func (mm *m) answered(s *State, i, n int) {
 		}
 	}
 	switch {
-	case mm.cfg.Clients[i].FinalRefusal && r.Res[n].Out == 'H':
+	case mm.cfg.Clients[i].FinalRefusal && s.Client[i].Attempts == 1 && r.Res[n].Out == 'H': // a first attempt's
 		if s.event == "" {
 			s.event = ofFinal
 		}
