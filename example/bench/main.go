@@ -72,6 +72,7 @@ type config struct {
 	schedNodes     int
 	schedDur       time.Duration
 	schedWarmup    time.Duration
+	schedExplain   bool
 
 	jsonOut string
 	pngOut  string
@@ -128,6 +129,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.schedNodes, "sched-nodes", 3, "sched: Redis nodes")
 	fs.DurationVar(&cfg.schedDur, "sched-d", 10*time.Second, "sched: measured window (whole seconds)")
 	fs.DurationVar(&cfg.schedWarmup, "sched-warmup", 2*time.Second, "sched: time before the window")
+	fs.BoolVar(&cfg.schedExplain, "sched-explain", false, "sched: print, for each job-tick missed or run twice, the instances that ran it and the Lock errors that name it")
 	fs.StringVar(&cfg.jsonOut, "json", "", "write raw results as JSON to this file")
 	fs.StringVar(&cfg.pngOut, "png", "", "write a chart (PNG) to this file")
 	fs.StringVar(&cfg.mdOut, "md", "", "also write the Markdown tables to this file")

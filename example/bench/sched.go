@@ -40,14 +40,18 @@ const (
 	mClientCPUPerIns = "client_cpu_cores_per_instance"
 )
 
-// tickRecorder counts runs per job and tick (Unix second).
+// tickRecorder counts runs per job and tick (Unix second); with explain
+// (-sched-explain) it also keeps, per job, which instance ran which tick
+// and the Lock errors of the window, for explainTick.
 type tickRecorder struct {
-	mu   sync.Mutex
-	jobs int
-	runs map[int64][]int32
+	mu      sync.Mutex
+	jobs    int
+	runs    map[int64][]int32
+	explain bool
+	events  map[int][]string // job: "bench-2 ran 12:00:01", "bench-3: <Lock error>"
 }
 
-func (r *tickRecorder) add(job int, tick time.Time) {
+func (r *tickRecorder) add(job int, tick time.Time, instance string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t := tick.Unix()
@@ -57,6 +61,32 @@ func (r *tickRecorder) add(job int, tick time.Time) {
 		r.runs[t] = c
 	}
 	c[job]++
+	if r.explain {
+		r.events[job] = append(r.events[job], instance+" ran "+tick.UTC().Format(time.RFC3339))
+	}
+}
+
+// lockError keeps a Lock error of job (explain only).
+func (r *tickRecorder) lockError(job int, instance string, err error) {
+	if !r.explain {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events[job] = append(r.events[job], instance+": "+err.Error())
+}
+
+// explainTick returns what the instances did for job at tick: the runs
+// and the Lock errors that name its scheduled time. r.mu is held.
+func (r *tickRecorder) explainTick(job int, tick time.Time) []string {
+	at := tick.UTC().Format(time.RFC3339)
+	var out []string
+	for _, e := range r.events[job] {
+		if strings.Contains(e, " ran "+at) || strings.Contains(e, "scheduled time "+at+" ") {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // runScheduler runs runSchedOnce for each job count.
@@ -81,7 +111,7 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 		return nil
 	}
 	nodes := b.nodes[:n]
-	rec := &tickRecorder{jobs: jobs, runs: map[int64][]int32{}}
+	rec := &tickRecorder{jobs: jobs, runs: map[int64][]int32{}, explain: b.cfg.schedExplain, events: map[int][]string{}}
 	var cnt counter
 	var held, other atomic.Int64
 	var lastOther atomic.Value // an error of the window
@@ -105,16 +135,17 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 		if err != nil {
 			return err
 		}
-		s, err := scheduler.New(rc, scheduler.WithLockerOptions(scheduler.WithInstanceID(fmt.Sprintf("bench-%d", i))))
+		instance := fmt.Sprintf("bench-%d", i)
+		s, err := scheduler.New(rc, scheduler.WithLockerOptions(scheduler.WithInstanceID(instance)))
 		if err != nil {
 			return err
 		}
 		scheds = append(scheds, s)
-		onLockErr := gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) {
+		onLockErr := gocron.AfterLockError(func(_ uuid.UUID, name string, err error) {
 			if inWindow.Load() {
-				dbgMu.Lock()
-				dbgErrs = append(dbgErrs, fmt.Sprintf("bench-%d: %v", i, err))
-				dbgMu.Unlock()
+				if j, err2 := strconv.Atoi(strings.TrimPrefix(name, "job-")); err2 == nil {
+					rec.lockError(j, instance, err)
+				}
 			}
 			if errors.Is(err, scheduler.ErrHeldElsewhere) {
 				held.Add(1)
@@ -128,7 +159,7 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 		for j := range jobs {
 			task := gocron.NewTask(func(ctx context.Context) {
 				if tick, ok := scheduler.TickFromContext(s.RunContext(ctx)); ok {
-					rec.add(j, tick)
+					rec.add(j, tick, instance)
 				}
 			})
 			if _, err := s.NewJob(gocron.CronJob("* * * * * *", true), task,
@@ -210,17 +241,13 @@ func (b *bench) runSchedOnce(ctx context.Context, jobs int) error {
 			switch {
 			case k == 0:
 				missed++
-				at := t.Truncate(time.Second).UTC().Format("15:04:05")
-				name := fmt.Sprintf("job-%d\"", j)
-				dbgMu.Lock()
-				for _, e := range dbgErrs {
-					if strings.Contains(e, name) && strings.Contains(e, at) {
-						fmt.Fprintln(os.Stderr, "MISSED", e)
-					}
-				}
-				dbgMu.Unlock()
 			case k > 1:
 				dup++
+			}
+			if k != 1 && rec.explain {
+				tick := t.Truncate(time.Second)
+				b.logf("sched: job-%d at %s ran %d times:\n\t%s", j, tick.UTC().Format(time.RFC3339), k,
+					strings.Join(rec.explainTick(j, tick), "\n\t"))
 			}
 		}
 	}
@@ -296,8 +323,3 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
-
-var (
-	dbgMu   sync.Mutex
-	dbgErrs []string
-)
