@@ -299,9 +299,12 @@ func (n *Node) send(batch []*Call) {
 // c.Wait from now and ended also when Close gives up, so that go-redis
 // does not retry it then.
 func (n *Node) sendOne(c *Call) *redis.Cmd {
-	ctx, cancel := context.WithCancel(c.Ctx)
+	var ctx context.Context
+	var cancel context.CancelFunc
 	if c.Wait > 0 {
 		ctx, cancel = context.WithTimeout(c.Ctx, c.Wait)
+	} else {
+		ctx, cancel = context.WithCancel(c.Ctx)
 	}
 	defer cancel()
 	defer context.AfterFunc(n.base, cancel)()
