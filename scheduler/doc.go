@@ -49,7 +49,9 @@
 // instance already served, or one older than the misfire threshold
 // (WithMisfireThreshold, 1 min), makes the run late (ErrLate): a queued
 // run never takes another scheduled time. Then Lock takes, in one quorum
-// round (one script per node):
+// round (one script per node, asking first the node the job's key
+// chooses: an instance refused there by the record below asks no other;
+// redlock.WithHighWaterFirst):
 //
 //   - a run lock on the job, extended every TTL/3 while the job runs
 //     (WithTTL, default 10 s) and released by Unlock: no other instance

@@ -33,7 +33,8 @@ var _ gocron.Locker = (*Locker)(nil)
 // in Unlock.
 //
 // A run serves a scheduled time of the job's own schedule (Lock), and
-// takes, in one quorum round (redlock.WithHighWater):
+// takes, in one quorum round (redlock.WithHighWaterFirst: one node
+// first, and the others unless that node's record refuses it):
 //
 //   - the run lock "<prefix>job:<job>", held while the job runs and
 //     extended every TTL/3, so that no other instance starts the job while
