@@ -116,3 +116,39 @@ func TestAttack7HighWaterFirstMixedExclusionUnderFaults(t *testing.T) {
 	}
 	t.Logf("%d grants (%d one node first), %d marks", granted.Load(), byFirst.Load(), len(wins))
 }
+
+// TestAttack7CloseBeforeTheHedge: Client.Close while a one-node-first
+// round waits for its frozen first node, before its hedge (half the node
+// timeout) fires: the call ends with ErrClosed (never a grant, never
+// ErrUnavailable), the hedge that fires later asks nothing, and no key
+// is left on the two nodes never asked. goleak (TestMain) finds no
+// goroutine left. It held (attack7).
+func TestAttack7CloseBeforeTheHedge(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	c, err := redlock.New(readTimeoutClients(t, cl, 0, true), redlock.WithNodeTimeout(time.Second))
+	must(t, err)
+	first := redlock.FirstAsked(c, "job")
+	cl[first].Stop(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWaterFirst("taken", 1, time.Minute))
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(cctx) }()
+	time.Sleep(700 * time.Millisecond) // past the hedge at 500 ms
+	cl[first].Cont(t)
+	if err := <-done; err == nil || !errors.Is(err, redlock.ErrClosed) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("TryAcquire cut by Close: %v; want ErrClosed, not ErrUnavailable", err)
+	}
+	<-closed
+	for i, keys := range cl.Keys(t) {
+		if i != first && len(keys) != 0 {
+			t.Errorf("node %d, never asked, has keys %q", i, keys)
+		}
+	}
+}

@@ -112,18 +112,23 @@ func TestAttack7CatchUpRefusedByFirstNodeLeftover(t *testing.T) {
 	}
 }
 
-// TestAttack7FirstNodeLeftoverHidesTheMiss: the failure table's row
-// "dies between its grant on the node asked first and its requests to
-// the others" says that scheduled time runs nowhere; it does not say
-// whether anyone learns of it. No one does: the next run's Lock replaces
-// the dead instance's record on that node, PreviousMark is the highest
-// mark that any granting node replaced, so it is the scheduled time that
-// ran nowhere, and the missed handler and the run record say nothing.
-// Before WithHighWaterFirst the other instances took that time on the
-// other nodes, so a record on one node alone never stood for a time that
-// ran nowhere; now it does, and the miss is silent.
+// TestAttack7FirstNodeLeftoverHidesTheMiss: an instance that died
+// between its grant on the node asked first and its requests to the
+// others leaves its record of that scheduled time there alone, and the
+// other instances, refused there, do not try the rest (the documented
+// trade). redlock.WithHighWaterFirst's doc says "the scheduler reports
+// such a scheduled time as missed", and docs/safety.md points to
+// docs/scheduling.md for how; it is not reported. Once the dead
+// instance's run lock has expired (DefaultTTL 10 s, below most jobs'
+// intervals), the next run is granted on that node too, and
+// Lock.PreviousMark is the highest mark that any granting node replaced:
+// the leftover, the very time that ran nowhere. So Locker.missed finds
+// nothing between it and the new time: no WithMissedHandler call, no
+// "missed" entry in the run record. Before WithHighWaterFirst a record
+// on one node alone did not stand for a time that ran nowhere (the
+// others took that time on the other nodes); now it does.
 func TestAttack7FirstNodeLeftoverHidesTheMiss(t *testing.T) {
-	// t.Skip("reproduces: a scheduled time left unrun by a winner that died after the node asked first is not reported missed: PreviousMark takes that node's leftover record")
+	t.Skip("reproduces: a scheduled time left unrun by a winner that died after the node asked first is not reported missed: PreviousMark takes that node's leftover record")
 	cl := redlocktest.Start(t, 3)
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	var mu sync.Mutex
