@@ -32,9 +32,9 @@ func firstAsked(key string, nodes int) int {
 // leaveDeadWinner leaves on the node asked first for job, and there
 // alone, what an instance (id) that died between its grant there and its
 // requests to the other nodes leaves: the job's run lock and its record of
-// scheduled times raised to at, with that instance's metadata. It
-// returns that node.
-func leaveDeadWinner(t *testing.T, cl redlocktest.Cluster, job, id string, at time.Time) int {
+// scheduled times raised to at, with that instance's metadata written at
+// its clock reading wrote. It returns that node.
+func leaveDeadWinner(t *testing.T, cl redlocktest.Cluster, job, id string, at, wrote time.Time) int {
 	t.Helper()
 	first := firstAsked("schedlock:job:"+job, len(cl))
 	alone, err := redlock.New([]redis.UniversalClient{cl[first].Client(t)})
@@ -42,9 +42,9 @@ func leaveDeadWinner(t *testing.T, cl redlocktest.Cluster, job, id string, at ti
 		t.Fatal(err)
 	}
 	defer alone.Close(context.Background())
-	md := id + "@" + strconv.FormatInt(at.UnixMilli(), 10) + "/deadbeef/" + strconv.FormatInt(scheduler.DefaultRecordRetention.Milliseconds(), 10)
+	md := id + "@" + strconv.FormatInt(wrote.UnixMilli(), 10) + "/deadbeef/" + strconv.FormatInt(scheduler.DefaultRecordRetention.Milliseconds(), 10)
 	_, err = alone.TryAcquire(context.Background(), []string{"schedlock:job:" + job}, 30*time.Second,
-		redlock.WithMetadata(md), redlock.WithHighWater("schedlock:taken:"+job, at.UnixMilli(), time.Hour))
+		redlock.WithMetadata(md), redlock.WithHighWater("schedlock:taken:"+job, at.UnixMilli(), scheduler.DefaultRecordRetention))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestAttack7CatchUpRefusedByFirstNodeLeftover(t *testing.T) {
 		t.Run(dead, func(t *testing.T) {
 			cl := redlocktest.Start(t, 3)
 			at := time.Now().Truncate(time.Hour)
-			leaveDeadWinner(t, cl, "hourly", dead, at)
+			leaveDeadWinner(t, cl, "hourly", dead, at, time.Now())
 			var mu sync.Mutex
 			var ticks []time.Time
 			var lockErrs []error
@@ -152,7 +152,7 @@ func TestAttack7FirstNodeLeftoverHidesTheMiss(t *testing.T) {
 	}
 	clock.Advance(time.Second)
 	t1 := clock.Now()
-	first := leaveDeadWinner(t, cl, "job", "dead", t1)
+	first := leaveDeadWinner(t, cl, "job", "dead", t1, t1)
 	if _, err := b.Lock(ctx, "job"); !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, redlock.ErrUnavailable) {
 		t.Fatalf("t1: %v; want ErrHeldElsewhere (the documented trade)", err)
 	}
