@@ -208,3 +208,33 @@ func TestAttack7SkewedFleetUnderFirstNodeFaults(t *testing.T) {
 	}
 	t.Logf("%d runs:%s", len(runs), describe(runs))
 }
+
+// TestAttack7RunNowPassesFirstNodeLeftover: with a dead winner's run lock
+// and record on the node asked first alone, a manual run (Job.RunNow),
+// which raises no record and asks every node at once, still runs: the
+// two other nodes grant it. It held (attack7): RunNow is the operator's
+// way past such a leftover.
+func TestAttack7RunNowPassesFirstNodeLeftover(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	leaveDeadWinner(t, cl, "hourly", "dead", time.Now().Truncate(time.Hour), time.Now())
+	s, err := scheduler.New(newRedlock(t, cl.Clients(t)), scheduler.WithLockerOptions(scheduler.WithInstanceID("b")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	ran := make(chan struct{}, 1)
+	j, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func() { ran <- struct{}{} }), gocron.WithName("hourly"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if err := j.RunNow(); err != nil {
+		t.Fatalf("RunNow past a leftover on the node asked first: %v", err)
+	}
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunNow returned nil but the job did not run")
+	}
+}
