@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -236,5 +237,31 @@ func TestAttack7RunNowPassesFirstNodeLeftover(t *testing.T) {
 	case <-ran:
 	case <-time.After(5 * time.Second):
 		t.Fatal("RunNow returned nil but the job did not run")
+	}
+}
+
+// TestAttack7FinalRefusalByALaterRecordIsLate: a refusal on the node
+// asked first by a record of a later scheduled time ends the Lock with
+// ErrLate (and redlock.ErrNotAcquired), never ErrHeldElsewhere or
+// redlock.ErrUnavailable, and its text names the later time. It held
+// (attack7).
+func TestAttack7FinalRefusalByALaterRecordIsLate(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	b, err := scheduler.NewLocker(newRedlock(t, cl.Clients(t)), scheduler.WithClock(clock), scheduler.WithInstanceID("b"),
+		scheduler.WithLockJitter(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := clock.Now().Add(2 * time.Second)
+	leaveDeadWinner(t, cl, "job", "ahead", later, later)
+	_, err = b.Lock(context.Background(), "job")
+	if !errors.Is(err, scheduler.ErrLate) || !errors.Is(err, redlock.ErrNotAcquired) || errors.Is(err, scheduler.ErrHeldElsewhere) ||
+		errors.Is(err, redlock.ErrUnavailable) {
+		t.Fatalf("Lock refused by a later record on the node asked first: %v; want ErrLate and ErrNotAcquired only", err)
+	}
+	if want := `skipped: too late: "ahead" already ran the later scheduled time 2026-01-01T12:00:02Z`; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not contain %q", err, want)
 	}
 }
