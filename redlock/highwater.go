@@ -16,7 +16,7 @@ import (
 // at or above the acquisition's that another acquisition raised refuses
 // the round; otherwise the mark is raised, keeping the one before for the
 // undo of a failed attempt, which puts it back. The granted Lock reports
-// the highest mark it replaced (PreviousMark).
+// the highest mark a quorum of its granting nodes replaced (PreviousMark).
 
 //go:embed scripts/highwater.lua
 var highWaterSrc string
@@ -30,7 +30,7 @@ type highWater struct {
 	key   string
 	at    string
 	ttl   int64 // ms
-	prev  int64 // the highest mark replaced, once held; guarded by the Lock's mu
+	prev  int64 // PreviousMark, once held; guarded by the Lock's mu
 	first bool  // WithHighWaterFirst
 }
 
@@ -75,16 +75,21 @@ func (h *highWater) reply(_ *Lock, k scriptKind, lay *script.Layout, reply any) 
 	return r, isString
 }
 
-// granted gives the Lock the highest mark that the granting nodes
-// replaced.
+// granted gives the Lock the highest mark that a quorum of the granting
+// nodes replaced (see PreviousMark).
 func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _ call, rs []NodeResult) *QuorumError {
 	l := a.l
 	at := lay.Reply("mark")
-	var m int64
+	var marks []int64
 	for _, r := range rs {
 		if r.Outcome == OutcomeOK {
-			m = max(m, intAt(r.reply, at))
+			marks = append(marks, intAt(r.reply, at))
 		}
+	}
+	slices.Sort(marks)
+	var m int64
+	if q := l.c.quorum; len(marks) >= q {
+		m = marks[len(marks)-q] // the quorum-th highest
 	}
 	l.mu.Lock()
 	h.prev = m
@@ -92,10 +97,15 @@ func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _
 	return nil
 }
 
-// PreviousMark returns, for a Lock acquired with WithHighWater, the
-// highest mark that its acquisition replaced on the nodes that granted it
-// (0: none), read once held; 0 for any other Lock. Safe for concurrent
-// use.
+// PreviousMark returns, for a Lock acquired with WithHighWater or
+// WithHighWaterFirst, the highest mark that its acquisition replaced on a
+// quorum of the nodes that granted it (0: none), read once held; 0 for
+// any other Lock. A mark that fewer nodes held was raised by an
+// acquisition that did not reach a quorum (its caller died between
+// nodes, say), so it does not count: the mark's acquisition may never
+// have been made, and a caller that reports the marks between
+// PreviousMark and its own as unserved (package scheduler's misses)
+// reports it too. Safe for concurrent use.
 func (l *Lock) PreviousMark() int64 {
 	h := layerOf[*highWater](l)
 	if h == nil {
@@ -115,7 +125,8 @@ func (l *Lock) PreviousMark() int64 {
 // to at, with this acquisition's value (its metadata is what a refused
 // round's Holder shows), for ttl from now. The mark before is kept for an
 // undo: a failed attempt puts it back where it raised it. A granted Lock
-// reports the highest mark it replaced (Lock.PreviousMark). A mark is
+// reports the highest mark that a quorum of its granting nodes replaced
+// (Lock.PreviousMark). A mark is
 // never lowered, extended or deleted by Release; it expires ttl after its
 // last raise. The scheduler keys each job's scheduled times on one.
 //
@@ -135,8 +146,9 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 
 // WithHighWaterFirst is WithHighWater with one node asked first: each
 // acquire round of the call asks the node that the lock's first key
-// chooses (the same for every caller of the same resources), and a
-// refusal there by the mark ends the round: the mark says that another
+// chooses by its place in the nodes given to New (the same for every
+// caller of the same resources that lists the nodes in the same order),
+// and a refusal there by the mark ends the round: the mark says that another
 // acquisition took this mark or a later one, so the other nodes are not
 // asked (OutcomePending, "not asked") and the round's QuorumError names
 // that node's holder (HolderMetadata) as a quorum's would. On any other

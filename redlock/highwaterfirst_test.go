@@ -181,3 +181,34 @@ func TestHighWaterFirstRetryAsksTheRest(t *testing.T) {
 		t.Errorf("retry condition called after rounds %v, want after the first only", rounds)
 	}
 }
+
+// TestPreviousMarkNeedsAQuorum: a mark that one node alone holds (raised
+// by an acquisition that died between nodes) does not count in
+// PreviousMark; one that a quorum holds does.
+func TestPreviousMarkNeedsAQuorum(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	ctx := context.Background()
+	nodes := cl.Clients(t)
+	c := newClient(t, nodes)
+	raise := func(c *redlock.Client, at int64) *redlock.Lock {
+		t.Helper()
+		l, err := c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWater("taken", at, time.Minute))
+		must(t, err)
+		return l
+	}
+	must(t, raise(c, 5).Release(ctx))
+	one := newClient(t, nodes[1:2])
+	must(t, raise(one, 10).Release(ctx))
+	l := raise(c, 20)
+	if got := l.PreviousMark(); got != 5 {
+		t.Errorf("PreviousMark with 10 on one node and 5 on two = %d, want 5", got)
+	}
+	must(t, l.Release(ctx))
+	two := newClient(t, nodes[:2])
+	must(t, raise(two, 30).Release(ctx))
+	l = raise(c, 40)
+	defer l.Release(ctx)
+	if got := l.PreviousMark(); got != 30 {
+		t.Errorf("PreviousMark with 30 on two nodes and 20 on one = %d, want 30", got)
+	}
+}

@@ -33,8 +33,9 @@ import (
 // the nodes first and the others only when those answers leave a quorum
 // possible: a round lost to a holder costs a quorum of commands instead
 // of one per node. The quorum asked first starts at a node chosen by the
-// lock's first key, so every caller of the same resources asks the same
-// nodes first. The other nodes are asked as soon as
+// lock's first key, by its place in the nodes given to New, so every
+// caller of the same resources that gives New the nodes in the same order
+// asks the same nodes first. The other nodes are asked as soon as
 // a node asked first grants (a grant wins on every node it can, also on
 // those asked last) or fails (an error, a restart gate), or at half the
 // node timeout while one of them is still silent after the others

@@ -57,17 +57,12 @@ func leaveDeadWinner(t *testing.T, cl redlocktest.Cluster, job, id string, at, w
 // first and died before it asked the others (docs/scheduling.md's failure
 // table: "that scheduled time runs nowhere"). That node alone holds the
 // record; the two others still hold the time before. An instance started
-// with WithCatchUp, whose documented purpose is to run such a time once
-// across the fleet "unless an instance ran it", asks that node first in
-// its catch-up's first round, takes the leftover record there as final
-// and skips the catch-up with ErrHeldElsewhere ("dead" already ran it),
-// which is false: nobody ran it. With every node asked at once (before
-// WithHighWaterFirst) the two other nodes grant and the catch-up runs.
-// With the dead instance's ID equal to the new one's (a restarted pod with
-// a stable name), the refusal also matches ErrDuplicateInstance and warns
-// of another live instance with this ID, which is false too.
+// with WithCatchUp must run that time: its catch-up asks every node at
+// once. It used to ask that node first, take the leftover record as final
+// and skip with ErrHeldElsewhere ("dead" already ran it), and, with the
+// dead instance's ID equal to its own (a restarted pod with a stable
+// name), with ErrDuplicateInstance too.
 func TestAttack7CatchUpRefusedByFirstNodeLeftover(t *testing.T) {
-	t.Skip("reproduces: a catch-up's first round takes a dead winner's record on the node asked first as final, so the missed time is never caught up")
 	for _, dead := range []string{"dead", "b"} {
 		t.Run(dead, func(t *testing.T) {
 			cl := redlocktest.Start(t, 3)
@@ -117,19 +112,11 @@ func TestAttack7CatchUpRefusedByFirstNodeLeftover(t *testing.T) {
 // between its grant on the node asked first and its requests to the
 // others leaves its record of that scheduled time there alone, and the
 // other instances, refused there, do not try the rest (the documented
-// trade). redlock.WithHighWaterFirst's doc says "the scheduler reports
-// such a scheduled time as missed", and docs/safety.md points to
-// docs/scheduling.md for how; it is not reported. Once the dead
-// instance's run lock has expired (DefaultTTL 10 s, below most jobs'
-// intervals), the next run is granted on that node too, and
-// Lock.PreviousMark is the highest mark that any granting node replaced:
-// the leftover, the very time that ran nowhere. So Locker.missed finds
-// nothing between it and the new time: no WithMissedHandler call, no
-// "missed" entry in the run record. Before WithHighWaterFirst a record
-// on one node alone did not stand for a time that ran nowhere (the
-// others took that time on the other nodes); now it does.
+// trade). The next run must report that time missed: Lock.PreviousMark
+// counts only a mark that a quorum of the granting nodes replaced. It
+// used to take the highest mark of any granting node, the leftover, so
+// Locker.missed found nothing between it and the new time.
 func TestAttack7FirstNodeLeftoverHidesTheMiss(t *testing.T) {
-	t.Skip("reproduces: a scheduled time left unrun by a winner that died after the node asked first is not reported missed: PreviousMark takes that node's leftover record")
 	cl := redlocktest.Start(t, 3)
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	var mu sync.Mutex

@@ -96,7 +96,10 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 // instances fire at the same instant, that node orders them, and every
 // instance but the first to reach it is refused there by the job's record
 // of scheduled times and sends nothing else (docs/scheduling.md, "What it
-// costs"). A manual run, which raises no record, asks every node at once.
+// costs"). A manual run, which raises no record, and a catch-up ask
+// every node at once: a catch-up recovers a scheduled time that ran
+// nowhere, which a winner that died between the node asked first and the
+// others leaves raised on that node alone.
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
 	opts := []redlock.LockOption{
 		redlock.WithMetadataFunc(l.metadata),
@@ -106,8 +109,11 @@ func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redl
 		redlock.WithRefusalText(refusalText),
 		redlock.WithPatientRounds(),
 	}
-	if c.kind != kindManual {
+	switch c.kind {
+	case kindScheduled:
 		opts = append(opts, redlock.WithHighWaterFirst(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
+	case kindCatchUp: // every node: the node asked first may hold the record of the winner that left the time unrun
+		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
 	}
 	return opts
 }
