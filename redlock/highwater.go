@@ -158,8 +158,7 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // answered since a call timed out) the round asks every node at once.
 // Only a call's first attempt takes that refusal as final: Acquire's and
 // Do's retries ask the others after any answer of the node asked first,
-// since the round before failed on timeouts or a split and that node may
-// hold a failed attempt's mark, soon undone.
+// since that node may hold a failed attempt's mark, soon undone.
 //
 // Contenders for the same mark that start at the same instant cost one
 // command each but the first to reach that node, instead of one per node:
@@ -170,9 +169,11 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // node and then failed on the others (its process died, or every retry
 // failed before its deadline) leaves the mark there, and callers refused
 // by it do not try the others; the mark's acquisition is then made by
-// no one (the scheduler reports such a scheduled time as missed). An
-// acquisition that fails on the others undoes the first node, putting
-// its mark back, and retries as any round does. Its order replaces
+// no one. An acquisition that fails on the others undoes the first node,
+// putting its mark back, and retries as any round does; a process that
+// died sends no undo, and the next acquisition that node grants reads
+// its mark there as PreviousMark (package scheduler reports such a
+// scheduled time as missed only when the undo put the mark back). Its order replaces
 // WithQuorumFirst's. A winner's round takes two round trips instead of
 // one. A LockOption only; its arguments and rules are WithHighWater's,
 // and the last of the two given applies.
