@@ -510,7 +510,7 @@ func describe(e *QuorumError, r NodeResult) string {
 		return "not voting yet: it has no restart-gate marker (a new node, or one that lost its data) and waits out its restart gate (WithRestartGating)"
 	case OutcomePending:
 		if r.unsent {
-			return "not asked: what the nodes asked first answered ended the round (WithQuorumFirst, WithHighWaterFirst)"
+			return "not asked: the round ended before it asked this node (WithQuorumFirst, WithHighWaterFirst)"
 		}
 		return "not waited for: the other nodes' answers had decided the outcome"
 	}

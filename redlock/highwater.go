@@ -16,7 +16,7 @@ import (
 // at or above the acquisition's that another acquisition raised refuses
 // the round; otherwise the mark is raised, keeping the one before for the
 // undo of a failed attempt, which puts it back. The granted Lock reports
-// the highest mark a quorum of its granting nodes replaced (PreviousMark).
+// the highest mark it replaced (PreviousMark).
 
 //go:embed scripts/highwater.lua
 var highWaterSrc string
@@ -26,12 +26,13 @@ var highWaterPart = script.Part{Name: "mark", Fixed: 1, Args: 2, Reply: 1, Refus
 // highWater is the layer of a Lock acquired with WithHighWater.
 type highWater struct {
 	baseLayer
-	name  string // the mark's resource name
-	key   string
-	at    string
-	ttl   int64 // ms
-	prev  int64 // PreviousMark, once held; guarded by the Lock's mu
-	first bool  // WithHighWaterFirst
+	name   string // the mark's resource name
+	key    string
+	at     string
+	ttl    int64 // ms
+	prev   int64 // PreviousMark, once held; guarded by the Lock's mu
+	first  bool  // WithHighWaterFirst
+	rounds int   // acquire rounds ordered so far (order)
 }
 
 func newHighWater(c *Client, cfg *lockConfig, resources []string, _ bool) (layer, error) {
@@ -75,21 +76,16 @@ func (h *highWater) reply(_ *Lock, k scriptKind, lay *script.Layout, reply any) 
 	return r, isString
 }
 
-// granted gives the Lock the highest mark that a quorum of the granting
-// nodes replaced (see PreviousMark).
+// granted gives the Lock the highest mark that the granting nodes
+// replaced.
 func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _ call, rs []NodeResult) *QuorumError {
 	l := a.l
 	at := lay.Reply("mark")
-	var marks []int64
+	var m int64
 	for _, r := range rs {
 		if r.Outcome == OutcomeOK {
-			marks = append(marks, intAt(r.reply, at))
+			m = max(m, intAt(r.reply, at))
 		}
-	}
-	slices.Sort(marks)
-	var m int64
-	if q := l.c.quorum; len(marks) >= q {
-		m = marks[len(marks)-q] // the quorum-th highest
 	}
 	l.mu.Lock()
 	h.prev = m
@@ -98,14 +94,13 @@ func (h *highWater) granted(_ context.Context, a *attempt, lay *script.Layout, _
 }
 
 // PreviousMark returns, for a Lock acquired with WithHighWater or
-// WithHighWaterFirst, the highest mark that its acquisition replaced on a
-// quorum of the nodes that granted it (0: none), read once held; 0 for
-// any other Lock. A mark that fewer nodes held was raised by an
-// acquisition that did not reach a quorum (its caller died between
-// nodes, say), so it does not count: the mark's acquisition may never
-// have been made, and a caller that reports the marks between
-// PreviousMark and its own as unserved (package scheduler's misses)
-// reports it too. Safe for concurrent use.
+// WithHighWaterFirst, the highest mark that its acquisition replaced on
+// the nodes that granted it and answered before the round was decided
+// (0: none), read once held; 0 for any other Lock. A mark that one of
+// them held counts, also one raised by an acquisition that never reached
+// a quorum (its caller died between nodes): a round decided at a quorum
+// of grants cannot tell that from a node that missed the raise of an
+// acquisition that did. Safe for concurrent use.
 func (l *Lock) PreviousMark() int64 {
 	h := layerOf[*highWater](l)
 	if h == nil {
@@ -125,8 +120,7 @@ func (l *Lock) PreviousMark() int64 {
 // to at, with this acquisition's value (its metadata is what a refused
 // round's Holder shows), for ttl from now. The mark before is kept for an
 // undo: a failed attempt puts it back where it raised it. A granted Lock
-// reports the highest mark that a quorum of its granting nodes replaced
-// (Lock.PreviousMark). A mark is
+// reports the highest mark it replaced (Lock.PreviousMark). A mark is
 // never lowered, extended or deleted by Release; it expires ttl after its
 // last raise. The scheduler keys each job's scheduled times on one.
 //
@@ -139,7 +133,8 @@ func (l *Lock) PreviousMark() int64 {
 // resources or its WithRecord record, and cannot be combined with
 // WithOwner; a call that breaks a rule fails with ErrInvalidArgument. A
 // LockOption only (Acquire, TryAcquire, Do): it names one acquisition's
-// mark, so it does not compile as an option of New. Default: no mark.
+// mark, so it does not compile as an option of New. Of WithHighWater and
+// WithHighWaterFirst, the last given applies. Default: no mark.
 func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL, l.markFirst = record, at, ttl, false })
 }
@@ -147,18 +142,22 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // WithHighWaterFirst is WithHighWater with one node asked first: each
 // acquire round of the call asks the node that the lock's first key
 // chooses by its place in the nodes given to New (the same for every
-// caller of the same resources that lists the nodes in the same order),
-// and a refusal there by the mark ends the round: the mark says that another
+// caller of the same resources that lists the nodes in the same order)
+// before the others, a departure from step 2 of the redis.io distlock
+// page, which asks every node at once. In the call's first round a
+// refusal there by the mark ends the round: the mark says that another
 // acquisition took this mark or a later one, so the other nodes are not
-// asked (OutcomePending, "not asked") and the round's QuorumError names
-// that node's holder (HolderMetadata) as a quorum's would. On any other
-// answer from that node (a grant, a refusal by the lock's keys, an
-// error) the round asks the others at once, and at half the node timeout
-// when it is still silent (the hedge); when it is known down (it has not
-// answered since a call timed out) the round asks every node at once.
-// Only a call's first attempt takes that refusal as final: Acquire's and
-// Do's retries ask the others after any answer of the node asked first,
-// since that node may hold a failed attempt's mark, soon undone.
+// asked (OutcomePending, "not asked") and the round's *QuorumError
+// matches ErrNotAcquired, not ErrUnavailable, and names that node's
+// holder (HolderMetadata) as a quorum's would. On any other answer from
+// that node (a grant, a refusal by the lock's keys, an error) the round
+// asks the others at once, and at half the node timeout when it is
+// still silent (the hedge); when it is known down (it has not answered
+// since a call timed out) the round asks every node at once. Acquire's
+// and Do's retries ask that node first too but never take its refusal
+// as final: it may hold a failed attempt's mark, soon undone. So the
+// saving is in the first round: Acquire without WithRetryIf retries
+// after a final refusal, asking every node.
 //
 // Contenders for the same mark that start at the same instant cost one
 // command each but the first to reach that node, instead of one per node:
@@ -166,29 +165,40 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // quorum granted within the validity, counted as for every round, and a
 // node asked later is one whose request was delayed. What it gives up is
 // liveness in one case: an acquisition that raised the mark on the first
-// node and then failed on the others (its process died, or every retry
-// failed before its deadline) leaves the mark there, and callers refused
-// by it do not try the others; the mark's acquisition is then made by
-// no one. An acquisition that fails on the others undoes the first node,
-// putting its mark back, and retries as any round does; a process that
-// died sends no undo, and the next acquisition that node grants reads
-// its mark there as PreviousMark (package scheduler reports such a
-// scheduled time as missed only when the undo put the mark back). Its order replaces
-// WithQuorumFirst's. A winner's round takes two round trips instead of
-// one. A LockOption only; its arguments and rules are WithHighWater's,
-// and the last of the two given applies.
+// node and then did not reach the others (its process died or lost the
+// network, every retry failed before its deadline, or its ctx ended)
+// leaves the mark there until its undo (none if the process died), and
+// callers refused by it meanwhile do not try the others: the mark's
+// acquisition is then made by no one, and a later acquisition that the
+// first node grants reads that mark as PreviousMark (package scheduler
+// then does not report that scheduled time as missed, as for a winner
+// that died between its grant and its run: docs/scheduling.md). A
+// winner's round takes two round trips instead of one. Its order replaces WithQuorumFirst's. A
+// LockOption only; its arguments and rules are WithHighWater's, and of
+// WithHighWater and WithHighWaterFirst the last given applies.
 func WithHighWaterFirst(record string, at int64, ttl time.Duration) LockOption {
 	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL, l.markFirst = record, at, ttl, true })
 }
 
 // order returns, with WithHighWaterFirst, the asking order of one acquire
-// round: one node first, and a refusal there by the mark is final
-// (quorumfirst.go); nil otherwise.
+// round (quorumfirst.go): one node first, every node at once when it is
+// known down, and, in the call's first round only, a refusal there by the
+// mark final: a retry follows a round that failed, after which that node
+// may hold the mark of another caller's failed attempt, not yet undone,
+// while that caller, refused on the others by this call's own failed
+// attempt, gives up too. A retry still asks that node first, which orders
+// the contenders that retry together. nil without WithHighWaterFirst.
+// The Lock's attempts, and so its calls of order, follow one another.
 func (h *highWater) order() askingOrder {
 	if !h.first {
 		return nil
 	}
-	return &quorumFirst{ask: 1, final: refusedByMark}
+	o := &quorumFirst{ask: 1, allIfFirstDown: true}
+	if h.rounds == 0 {
+		o.final = refusedByMark
+	}
+	h.rounds++
+	return o
 }
 
 // refusedByMark reports whether r is a refusal by a high-water mark.

@@ -182,33 +182,41 @@ func TestHighWaterFirstRetryAsksTheRest(t *testing.T) {
 	}
 }
 
-// TestPreviousMarkNeedsAQuorum: a mark that one node alone holds (raised
-// by an acquisition that died between nodes) does not count in
-// PreviousMark; one that a quorum holds does.
-func TestPreviousMarkNeedsAQuorum(t *testing.T) {
+// TestHighWaterFirstWithOtherOrders: WithHighWaterFirst's order replaces
+// WithQuorumFirst's (a loser sends one command), and WithHighWater given
+// after it turns it off (a loser asks every node), as their docs say.
+func TestHighWaterFirstWithOtherOrders(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
 	ctx := context.Background()
-	nodes := cl.Clients(t)
-	c := newClient(t, nodes)
-	raise := func(c *redlock.Client, at int64) *redlock.Lock {
-		t.Helper()
-		l, err := c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWater("taken", at, time.Minute))
-		must(t, err)
-		return l
-	}
-	must(t, raise(c, 5).Release(ctx))
-	one := newClient(t, nodes[1:2])
-	must(t, raise(one, 10).Release(ctx))
-	l := raise(c, 20)
-	if got := l.PreviousMark(); got != 5 {
-		t.Errorf("PreviousMark with 10 on one node and 5 on two = %d, want 5", got)
-	}
-	must(t, l.Release(ctx))
-	two := newClient(t, nodes[:2])
-	must(t, raise(two, 30).Release(ctx))
-	l = raise(c, 40)
+	nodes, hooks := countedClients(t, cl)
+	c := newClient(t, nodes, redlock.WithQuorumFirst())
+	l, err := c.TryAcquire(ctx, []string{"job"}, 10*time.Second, redlock.WithHighWater("taken", 1, time.Minute))
+	must(t, err)
 	defer l.Release(ctx)
-	if got := l.PreviousMark(); got != 30 {
-		t.Errorf("PreviousMark with 30 on two nodes and 20 on one = %d, want 30", got)
+	sum := func() (n int32) {
+		waitSettled(t, c)
+		for _, k := range counts(hooks) {
+			n += k
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name string
+		opts []redlock.LockOption
+		want int32
+	}{
+		{"WithHighWaterFirst over New's WithQuorumFirst", []redlock.LockOption{redlock.WithHighWaterFirst("taken", 1, time.Minute)}, 1},
+		{"WithHighWater after WithHighWaterFirst", []redlock.LockOption{redlock.WithHighWaterFirst("taken", 1, time.Minute),
+			redlock.WithHighWater("taken", 1, time.Minute), redlock.WithQuorumFirst()}, 2},
+		{"WithHighWaterFirst after WithHighWater", []redlock.LockOption{redlock.WithHighWater("taken", 1, time.Minute),
+			redlock.WithHighWaterFirst("taken", 1, time.Minute)}, 1},
+	} {
+		before := sum()
+		if _, err := c.TryAcquire(ctx, []string{"job"}, time.Second, tc.opts...); !errors.Is(err, redlock.ErrNotAcquired) {
+			t.Fatalf("%s: %v, want refused", tc.name, err)
+		}
+		if got := sum() - before; got != tc.want {
+			t.Errorf("%s: the refused round sent %d commands, want %d", tc.name, got, tc.want)
+		}
 	}
 }

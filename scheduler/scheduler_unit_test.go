@@ -119,7 +119,7 @@ func TestLockTellsBusyFromUnavailable(t *testing.T) {
 	var held *redlock.QuorumError
 	if lb != nil || !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, redlock.ErrUnavailable) || !errors.As(err, &held) {
 		t.Errorf("Lock of the same scheduled time on another instance = %v, %v; want nil, ErrHeldElsewhere with a *QuorumError", lb, err)
-	} else if want := `scheduler: job "report" scheduled time 2026-01-01T12:00:00Z held by another instance: "a" already ran it`; err.Error() != want {
+	} else if want := `scheduler: job "report" scheduled time 2026-01-01T12:00:00Z held by another instance: "a" took it`; err.Error() != want {
 		t.Errorf("Lock error reads\n%s\nwant\n%s", err, want)
 	}
 	if err := la.Unlock(ctx); err != nil {

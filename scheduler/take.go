@@ -28,7 +28,8 @@ func (l *Locker) historyKey(job string) string { return l.cfg.prefix + "runs:" +
 // retried too, with a growing random delay (retryPolicy), until lctx (the
 // Lock bound) ends: every round is a full acquisition, undone where it
 // failed, so retrying never runs a scheduled time twice. A round lost to
-// one holder with a quorum is final, except to a run lock left by this
+// one holder (with a quorum, or on the node asked first by the record:
+// redlock.WithHighWaterFirst) is final, except to a run lock left by this
 // Locker's own failed attempt (see orphan).
 //
 // When ctx (the job's: gocron cancels it at Shutdown, RemoveJob, Update and
@@ -159,7 +160,8 @@ func retryPolicy() backoff.BackOff {
 		MaxInterval: 200 * time.Millisecond, Clock: backoff.SystemClock})
 }
 
-// refused classifies a round that holder won on a quorum of nodes: the
+// refused classifies a round that holder won on a quorum of nodes, or on
+// the node asked first by the job's record (a final refusal): the
 // job's record of scheduled times (taken, or a later one taken: late) or
 // its run lock (a run in progress).
 func (l *Locker) refused(ctx context.Context, job string, c claim, holder string, q *redlock.QuorumError) (bool, error) {
@@ -313,7 +315,7 @@ func (l *Locker) lateErr(job string, c claim, reason string) error {
 }
 
 // Error reads `scheduler: job "J" scheduled time T: <what happened>`, for
-// example `... held by another instance: "H" already ran it`, `... skipped:
+// example `... held by another instance: "H" took it`, `... skipped:
 // too late: <why>`, `... skipped: Redis unavailable: <what redlock
 // found>`. The holder's round is not quoted: a quorum named the holder,
 // which is all it says.
@@ -328,7 +330,7 @@ func (e *runError) Error() string {
 	case errMisconfigured:
 		return head + " skipped: Redis nodes misconfigured: " + redlock.ErrorText(e.err)
 	case errTaken:
-		reason := fmt.Sprintf("%q already ran it", e.holder)
+		reason := fmt.Sprintf("%q took it", e.holder)
 		if e.duplicate {
 			reason += ", another live instance with this instance's ID; give each instance its own ID (WithInstanceID)"
 		}
