@@ -245,9 +245,13 @@ func TestRunLockHeldAfterJobCtxCancelled(t *testing.T) {
 	_ = lk.Unlock(context.Background())
 }
 
-// Shutdown while Locks wait out their start delay.
+// Shutdown while Locks wait out their start delay. The Locks serve the
+// latest multiple of 2 s and are bounded by the next one: the test starts
+// just after a multiple, or a Lock started a few milliseconds before one
+// could end at its bound (ErrUnavailable) before Shutdown.
 func TestShutdownDuringJitter(t *testing.T) {
 	cl := redlocktest.Start(t, 3)
+	time.Sleep(time.Until(time.Now().Truncate(2 * time.Second).Add(2*time.Second + 100*time.Millisecond)))
 	s, err := scheduler.New(newRedlock(t, cl.Clients(t)))
 	if err != nil {
 		t.Fatal(err)
