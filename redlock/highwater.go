@@ -173,9 +173,10 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // first node grants reads that mark as PreviousMark (package scheduler
 // then does not report that scheduled time as missed, as for a winner
 // that died between its grant and its run: docs/scheduling.md). A
-// winner's round takes two round trips instead of one. Its order replaces WithQuorumFirst's. A
-// LockOption only; its arguments and rules are WithHighWater's, and of
-// WithHighWater and WithHighWaterFirst the last given applies.
+// winner's round takes two round trips instead of one. Its order
+// replaces WithQuorumFirst's. A LockOption only; its arguments and rules
+// are WithHighWater's, and of WithHighWater and WithHighWaterFirst the
+// last given applies.
 func WithHighWaterFirst(record string, at int64, ttl time.Duration) LockOption {
 	return callOption(func(l *lockConfig) { l.mark, l.markAt, l.markTTL, l.markFirst = record, at, ttl, true })
 }

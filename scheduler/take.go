@@ -96,8 +96,8 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 // rounds ask one node first (redlock.WithHighWaterFirst): a fleet's
 // instances fire at the same instant, that node orders them, and every
 // instance but the first to reach it is refused there by the job's record
-// of scheduled times and sends nothing else (docs/scheduling.md, "What it
-// costs"). A manual run, which raises no record, and a catch-up ask
+// of scheduled times and sends nothing else (docs/scheduling.md, "Redis
+// traffic per run"). A manual run, which raises no record, and a catch-up ask
 // every node at once: a catch-up recovers a scheduled time that ran
 // nowhere, which a winner that died between the node asked first and the
 // others leaves raised on that node alone.
