@@ -38,9 +38,11 @@ var (
 
 	// ErrDuplicateInstance matches a Lock refused by the job's record of
 	// scheduled times, at this scheduled time, that another process wrote
-	// with this Locker's instance ID (WithInstanceID): two live instances share
-	// an ID, so neither can tell a split vote from a scheduled time taken,
-	// and errors name the wrong holder. It comes with ErrHeldElsewhere (the
+	// with this Locker's instance ID (WithInstanceID) after this Locker
+	// started (an earlier record is a restarted instance's previous
+	// process): two live instances share an ID, so neither can tell a
+	// split vote from a scheduled time taken, and errors name the wrong
+	// holder. It comes with ErrHeldElsewhere (the
 	// other process took the scheduled time). Give each instance its own
 	// ID; alert on this error.
 	ErrDuplicateInstance = errors.New("scheduler: duplicate instance ID")

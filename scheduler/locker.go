@@ -55,7 +55,8 @@ type Locker struct {
 	runCount metric.Int64Counter
 
 	warnings *warnings
-	nonce    string // tells this Locker's records from another process's with the same instance ID
+	nonce    string    // tells this Locker's records from another process's with the same instance ID
+	started  time.Time // on cfg.clock: a record with this ID written before it is a previous process's
 
 	pauseRead chan struct{} // a slot: one read of the pauses at a time (readPausesNow)
 
@@ -135,6 +136,7 @@ func NewLocker(client *redlock.Client, opts ...LockerOption) (*Locker, error) {
 		runCount:  runs,
 		warnings:  warns,
 		nonce:     fmt.Sprintf("%08x", rand.Uint32()),
+		started:   cfg.clock.Now(),
 		runs:      make(map[context.Context]*runLock),
 		jobs:      make(map[string]*jobState),
 		pauseRead: make(chan struct{}, 1),

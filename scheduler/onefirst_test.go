@@ -144,3 +144,46 @@ func TestHighWaterFirstTrade(t *testing.T) {
 		t.Errorf("t1 (%v) ran nowhere; missed reported %v, want it once", t1, missed)
 	}
 }
+
+// TestRestartWithAStableIDIsNoDuplicate: a record with this Locker's
+// instance ID written by another process before this Locker started is a
+// restarted instance's previous process: ErrHeldElsewhere, not
+// ErrDuplicateInstance (it used to warn of a live duplicate at every
+// restart that met its previous process's record, e.g. a catch-up). A
+// record written after it started is a live duplicate.
+func TestRestartWithAStableIDIsNoDuplicate(t *testing.T) {
+	t.Parallel()
+	cl := redlocktest.Start(t, 3)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	mk := func() *scheduler.Locker {
+		l, err := scheduler.NewLocker(newRedlock(t, cl.Clients(t)), scheduler.WithClock(clock),
+			scheduler.WithInstanceID("pod-0"), scheduler.WithLockJitter(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ctx := context.Background()
+	old := mk()
+	lk, err := old.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(100 * time.Millisecond) // the same scheduled time
+	restarted := mk()
+	if _, err := restarted.Lock(ctx, "job"); !errors.Is(err, scheduler.ErrHeldElsewhere) || errors.Is(err, scheduler.ErrDuplicateInstance) {
+		t.Errorf("the previous process's record: %v; want ErrHeldElsewhere, not ErrDuplicateInstance", err)
+	}
+	clock.Advance(time.Second) // the next scheduled time, taken by a live process with the same ID
+	lk, err = old.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	if _, err := restarted.Lock(ctx, "job"); !errors.Is(err, scheduler.ErrDuplicateInstance) {
+		t.Errorf("a record written after this Locker started: %v; want ErrDuplicateInstance", err)
+	}
+}

@@ -99,9 +99,12 @@ func WithMeterProvider(mp metric.MeterProvider) LockerOption {
 // redlock.MaxMetadata - 51 bytes: the locks' metadata is "<ID>@<the
 // instance's clock in Unix ms>/<a random nonce of the Locker>/<the record
 // retention in ms>", which other instances' redlock errors show as the
-// holder. A Locker that replaces one with the same ID in the same process
-// (a restart) may report ErrDuplicateInstance for a scheduled time the old
-// one already took.
+// holder. A record with this ID that another process wrote before this
+// Locker started (on the writer's clock) is taken for the previous
+// process of a restarted instance with a stable ID, and reported as
+// ErrHeldElsewhere only; a duplicate whose clock is behind by more than
+// the time since this Locker started is reported once its records are
+// newer.
 func WithInstanceID(id string) LockerOption {
 	return func(c *lockerConfig) { c.instance, c.instanceSet = id, true }
 }

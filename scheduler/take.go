@@ -177,7 +177,7 @@ func (l *Locker) refused(ctx context.Context, job string, c claim, holder string
 // *redlock.QuorumError). It checks the clocks against the
 // record, and the holder's instance ID against this Locker's.
 func (l *Locker) refusedBy(ctx context.Context, job string, c claim, r redlock.NodeResult, cause error) (bool, error) {
-	instance, _, nonce, _ := splitHolder(r.Holder)
+	instance, wrote, nonce, _ := splitHolder(r.Holder)
 	e := &runError{kind: errRunning, job: job, claim: c, err: cause, holder: instance, self: nonce == l.nonce}
 	if r.Resource == l.takenKey(job) {
 		e.kind, e.taken = errTaken, time.UnixMilli(r.HolderMark).In(c.at.Location())
@@ -186,7 +186,7 @@ func (l *Locker) refusedBy(ctx context.Context, job string, c claim, r redlock.N
 		}
 		l.checkRecord(ctx, job, c, r)
 	}
-	if instance == l.cfg.instance && nonce != "" && nonce != l.nonce && e.kind == errTaken {
+	if instance == l.cfg.instance && nonce != "" && nonce != l.nonce && e.kind == errTaken && !wrote.Before(l.started) {
 		e.duplicate = true
 		l.warn(ctx, warnDuplicateInstance, job, "scheduler: another live instance uses this instance ID; give each instance its own (WithInstanceID)",
 			"instance", l.cfg.instance, "scheduled", c.at)
