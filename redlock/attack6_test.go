@@ -316,6 +316,7 @@ func TestAttack6RefusedReleaseCannotBeRetried(t *testing.T) {
 		t.Fatalf("Release with a log on a string: %v, want ErrMisconfigured", err)
 	}
 	must(t, l.Release(ctx)) // without the log: should release
+	waitSettled(t, c)       // on every node, also the one that answered last
 	for i, s := range cl {
 		if n := s.Client(t).Exists(ctx, "run").Val(); n != 0 {
 			t.Errorf("node %d: the lock's key is still there after the second Release returned nil", i)
