@@ -239,7 +239,10 @@ func (t *telemetry) startRound(ctx context.Context, op string, attempt, nodes, q
 // endRound records a round's outcome and metrics and ends its span.
 func (t *telemetry) endRound(ctx context.Context, span trace.Span, spec broadcast, rs []NodeResult, took time.Duration, c *Client) {
 	outcome := roundOutcome(spec.op, rs, c.quorum)
-	if spec.op == "acquire" && outcome == tracing.OutcomeGranted {
+	recording := span.IsRecording()
+	// A weak grant is told apart only where someone looks: the span and
+	// the round-duration metric (an unread attribute still allocates).
+	if spec.op == "acquire" && outcome == tracing.OutcomeGranted && (recording || t.roundDur.Enabled(ctx)) {
 		v := c.validity(time.Now().Add(-took), spec.ttl)
 		span.SetAttributes(tracing.ValidityMillis.Float64(float64(v.Microseconds()) / 1000))
 		if v <= 0 || v < time.Duration(float64(spec.ttl)*c.cfg.minValidity) {
@@ -261,7 +264,7 @@ func (t *telemetry) endRound(ctx context.Context, span trace.Span, spec broadcas
 	if t.roundDur.Enabled(ctx) {
 		t.roundDur.Record(ctx, took.Seconds(), metric.WithAttributes(tracing.RoundOp.String(spec.op), tracing.Outcome.String(outcome)))
 	}
-	if span.IsRecording() {
+	if recording {
 		span.SetName(tracing.RoundSpanName(spec.op, outcome))
 		roundAttributes(span, spec.op, rs, outcome)
 	}

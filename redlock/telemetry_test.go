@@ -570,3 +570,57 @@ func TestLibraryDoesNotImportTheSDK(t *testing.T) {
 		}
 	}
 }
+
+// TestWeakGrantOnTheMetricWithoutSpans: with a meter but no tracer, a
+// grant that leaves less validity than WithMinValidity asks is recorded
+// on the round-duration metric as "weak", not "granted" (endRound tells
+// the two apart only when a span or the metric reads it).
+func TestWeakGrantOnTheMetricWithoutSpans(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	clients, proxies := cl.ProxiedClients(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	c := newClient(t, clients, redlock.WithMeterProvider(mp), redlock.WithMinValidity(0.85), redlock.WithNodeTimeout(time.Second))
+	warm, err := c.TryAcquire(context.Background(), []string{"warm-up"}, 2*time.Second) // connections dialled
+	must(t, err)
+	must(t, warm.Release(context.Background()))
+	waitSettled(t, c)
+	before := roundOutcomes(t, reader)
+	// A 300 ms round trip and the drift (1% + 2 ms) leave under 85% of 2 s.
+	for _, p := range proxies {
+		p.SetLatency(150 * time.Millisecond)
+	}
+	if _, err := c.TryAcquire(context.Background(), []string{"weak"}, 2*time.Second); err == nil {
+		t.Fatal("TryAcquire granted a lock with less validity than WithMinValidity asks")
+	}
+	waitSettled(t, c)
+	got := roundOutcomes(t, reader)
+	weak, granted := "acquire/"+tracing.OutcomeWeak, "acquire/"+tracing.OutcomeGranted
+	if got[weak]-before[weak] != 1 || got[granted] != before[granted] {
+		t.Errorf("%s by op/outcome = %v (before the slow round %v), want one more acquire/%s", tracing.MetricRoundDuration, got, before, tracing.OutcomeWeak)
+	}
+}
+
+// roundOutcomes returns the rounds on the round-duration metric that
+// reader collected, by "op/outcome".
+func roundOutcomes(t *testing.T, reader *sdkmetric.ManualReader) map[string]uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	must(t, reader.Collect(context.Background(), &rm))
+	outcomes := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			d, ok := m.Data.(metricdata.Histogram[float64])
+			if !ok || m.Name != tracing.MetricRoundDuration {
+				continue
+			}
+			for _, p := range d.DataPoints {
+				op, _ := p.Attributes.Value(tracing.RoundOp)
+				outcome, _ := p.Attributes.Value(tracing.Outcome)
+				outcomes[op.AsString()+"/"+outcome.AsString()] += p.Count
+			}
+		}
+	}
+	return outcomes
+}
