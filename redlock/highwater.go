@@ -35,12 +35,18 @@ type highWater struct {
 	rounds int   // acquire rounds ordered so far (order)
 }
 
+// maxMark is the largest mark WithHighWater takes: 2^53, above which a
+// double (Lua's number, in which the nodes compare marks) skips integers.
+const maxMark = 1 << 53
+
 func newHighWater(c *Client, cfg *lockConfig, resources []string, _ bool) (layer, error) {
 	switch {
 	case cfg.mark == "" && cfg.markAt == 0 && cfg.markTTL == 0:
 		return nil, nil
 	case cfg.markAt <= 0:
 		return nil, invalidf("mark %d (WithHighWater) is not positive", cfg.markAt)
+	case cfg.markAt > maxMark:
+		return nil, invalidf("mark %d (WithHighWater) is above 2^53: the nodes' Lua compares marks as doubles, which lose such integers", cfg.markAt)
 	case cfg.markTTL < time.Millisecond:
 		return nil, invalidf("mark TTL %v (WithHighWater) is below 1ms", cfg.markTTL)
 	}
@@ -124,7 +130,9 @@ func (l *Lock) PreviousMark() int64 {
 // never lowered, extended or deleted by Release; it expires ttl after its
 // last raise. The scheduler keys each job's scheduled times on one.
 //
-// at must be positive; ttl at least 1 ms. ttl is a retention, not a lock
+// at must be positive and at most 2^53 (the nodes' Lua compares marks as
+// doubles: a Unix time in milliseconds fits, one in nanoseconds does
+// not); ttl at least 1 ms. ttl is a retention, not a lock
 // TTL: it may exceed the restart gate (WithRestartGating), and a node that
 // restarts empty forgets its marks, so a mark keeps a later acquisition at
 // or below it out only while a quorum of nodes still has it: the caller
@@ -144,7 +152,8 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // chooses by its place in the nodes given to New (the same for every
 // caller of the same resources that lists the nodes in the same order)
 // before the others, a departure from step 2 of the redis.io distlock
-// page, which asks every node at once. In the call's first round a
+// page, which asks the nodes one after the other with the advice to ask
+// them all at once (multiplexing), as every other round does. In the call's first round a
 // refusal there by the mark ends the round: the mark says that another
 // acquisition took this mark or a later one, so the other nodes are not
 // asked (OutcomePending, "not asked") and the round's *QuorumError

@@ -161,12 +161,35 @@ func TestHighWaterArguments(t *testing.T) {
 		{"a resource", []redlock.LockOption{redlock.WithHighWater("run", 1, time.Second)}},
 		{"the record", []redlock.LockOption{redlock.WithRecord("r", time.Second), redlock.WithHighWater("r", 1, time.Second)}},
 		{"zero mark", []redlock.LockOption{redlock.WithHighWater("m", 0, time.Second)}},
+		// Lua reads 2^53 and 2^53+1 as the same double: the second would be
+		// refused by the first although it is higher.
+		{"mark above 2^53", []redlock.LockOption{redlock.WithHighWater("m", 1<<53+1, time.Second)}},
+		{"first, mark above 2^53", []redlock.LockOption{redlock.WithHighWaterFirst("m", 1<<53+1, time.Second)}},
 		{"no TTL", []redlock.LockOption{redlock.WithHighWater("m", 1, 0)}},
 		{"with an owner", []redlock.LockOption{redlock.WithOwner("o"), redlock.WithHighWater("m", 1, time.Second)}},
 	} {
 		if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second, tc.opts...); !errors.Is(err, redlock.ErrInvalidArgument) {
 			t.Errorf("%s: %v, want ErrInvalidArgument", tc.name, err)
 		}
+	}
+}
+
+// TestHighWaterAt2To53: the highest mark WithHighWater takes, 2^53, is
+// taken, refuses itself, and is exact on the nodes (PreviousMark).
+func TestHighWaterAt2To53(t *testing.T) {
+	c := newClient(t, redlocktest.Start(t, 3).Clients(t))
+	ctx := context.Background()
+	l, err := c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("m", 1<<53-1, time.Minute))
+	must(t, err)
+	must(t, l.Release(ctx))
+	l, err = c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("m", 1<<53, time.Minute))
+	must(t, err)
+	if got := l.PreviousMark(); got != 1<<53-1 {
+		t.Errorf("PreviousMark = %d, want %d", got, int64(1<<53-1))
+	}
+	must(t, l.Release(ctx))
+	if _, err := c.TryAcquire(ctx, []string{"run"}, time.Second, redlock.WithHighWater("m", 1<<53, time.Minute)); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Errorf("the same mark again: %v, want ErrNotAcquired", err)
 	}
 }
 

@@ -57,7 +57,7 @@ import (
 // A SharedOption: given to New, every call's rounds; given to a call
 // (Acquire, TryAcquire, Do), that call's; a call with WithHighWaterFirst
 // asks in that option's order instead. Default off: every node is asked
-// at once (redis.io distlock spec, step 2).
+// at once (redis.io distlock spec, step 2, as multiplexed there).
 func WithQuorumFirst() SharedOption {
 	return sharedOption(func(l *lockConfig) { l.quorumFirst = true })
 }
