@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/schedlock/schedlock/tracing"
 )
@@ -317,82 +316,6 @@ func (c *Client) acquireSpec(l *Lock, k layerCall, value string, n int, retrying
 			keys: l.keys, parse: parseSetGet(l, value)}
 	}
 	return spec
-}
-
-// parseAcquire returns the reader of the replies to k, l's acquire
-// script, for value: {1, ...} granted, with as many integers as k's
-// layers add; {0, holder's value, PTTL, i} refused by lock key i; or a
-// reply of one of k's layers (layer.reply: a refusal by its keys, or the
-// node refusing to vote). A refusal set nothing (NodeResult.refused).
-// Any other reply, nil included, is a faulty node's (badReply).
-func parseAcquire(l *Lock, k layerCall, value string) func(*redis.Cmd) NodeResult {
-	size := k.layout.Replies()
-	return func(cmd *redis.Cmd) NodeResult {
-		v, _ := cmd.Val().([]any)
-		switch {
-		case len(v) == 0 || !allInts(v[:1]):
-		case v[0] == int64(1) && len(v) == size && allInts(v):
-			return NodeResult{Outcome: OutcomeOK, reply: v}
-		case v[0] == int64(0) && len(v) == 4 && allInts(v[2:]):
-			holder, isString := v[1].(string)
-			if i := intAt(v, 3); isString && i >= 1 && int(i) <= l.n {
-				return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, l.resources[i-1])
-			}
-		}
-		if r, ok := layerReply(l, kindAcquire, k, cmd.Val()); ok {
-			r.refused = true
-			return r
-		}
-		return badReply("acquire script", cmd.Val())
-	}
-}
-
-// layerReply reads v, a reply to kind's script call c that the core does
-// not read, by one of c's layers, in order; false when none reads it.
-func layerReply(l *Lock, kind scriptKind, c layerCall, v any) (NodeResult, bool) {
-	for _, y := range c.in {
-		if r, ok := y.reply(l, kind, c.layout, v); ok {
-			return r, true
-		}
-	}
-	return NodeResult{}, false
-}
-
-// parseSetGet returns the reader of l's SET NX GET replies for value: nil
-// (the key was set), or the key's value, which is a grant when it has our
-// owner token (go-redis sent the command again after a lost reply) and a
-// refusal otherwise. Any other reply is a faulty node's (badReply).
-func parseSetGet(l *Lock, value string) func(*redis.Cmd) NodeResult {
-	return func(cmd *redis.Cmd) NodeResult {
-		switch v := cmd.Val().(type) {
-		case nil:
-			return NodeResult{Outcome: OutcomeOK}
-		case string:
-			if len(v) >= tokenLen && v[:tokenLen] == value[:tokenLen] {
-				return NodeResult{Outcome: OutcomeOK}
-			}
-			return refusal(v, 0, l.resources[0])
-		}
-		return badReply("SET NX GET", cmd.Val())
-	}
-}
-
-// allInts reports whether every element of v is an integer.
-func allInts(v []any) bool {
-	for _, x := range v {
-		if _, ok := x.(int64); !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// refusal is the result of resource's key held by the lock value v, whose
-// TTL left is expires (0: unknown): a refusal, which set nothing.
-func refusal(v string, expires time.Duration, resource string) NodeResult {
-	tp, md, _ := splitValue(v) // never expose the other owner's token
-	return NodeResult{Outcome: OutcomeHeld, Holder: md, Resource: resource, traceparent: tp, HolderTTL: expires,
-		value: asWritten(v), refused: true}
 }
 
 // maxSplitDelay bounds the random delay after a split vote; it doubles

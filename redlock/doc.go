@@ -61,9 +61,10 @@
 //
 // docs/design.md describes the algorithm as implemented, step by step
 // against the redis.io page, and the package's structure: acquire.go (the
-// steps), round.go (one quorum round), lock.go (a held lock), layer.go
-// (the seam the features plug into), the layers fencing.go,
-// reentrant.go, gating.go, wake.go, record.go, highwater.go and
-// releaselog.go, each with its Lua fragment, and internal/node (the
-// transport, which batches concurrent commands per node).
+// steps), round.go (one quorum round), lock.go (a held lock), replies.go
+// (reading the nodes' replies), layer.go (the seam the features plug
+// into), the layers fencing.go, reentrant.go, gating.go, wake.go,
+// record.go, highwater.go and releaselog.go, each with its Lua fragment,
+// and quorumfirst.go (an asking order, in no script), and internal/node
+// (the transport, which batches concurrent commands per node).
 package redlock

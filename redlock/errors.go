@@ -612,3 +612,13 @@ func failures(rs []NodeResult) int {
 	}
 	return n
 }
+
+// noAnswerError is the Err of a node that gave no answer within the
+// round's limit: msg says which limit; err is the call's own error, if any.
+type noAnswerError struct {
+	msg string
+	err error
+}
+
+func (e *noAnswerError) Error() string { return e.msg }
+func (e *noAnswerError) Unwrap() error { return e.err }

@@ -141,15 +141,6 @@ func parseCheck(cmd *redis.Cmd) NodeResult {
 	return badReply("check script", cmd.Val())
 }
 
-// intAt returns the integer at v[i], or 0.
-func intAt(v []any, i int) int64 {
-	if i >= len(v) {
-		return 0
-	}
-	n, _ := v[i].(int64)
-	return n
-}
-
 // WithFencing makes acquisitions return fencing tokens (Lock.FencingToken):
 // numbers that strictly increase across successive holders of a resource,
 // for the protected resource to reject writes that carry an older token. It

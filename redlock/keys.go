@@ -3,6 +3,7 @@ package redlock
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"strings"
 
 	"github.com/schedlock/schedlock/redlock/internal/script"
@@ -106,3 +107,23 @@ func asWritten(v string) string {
 
 // hasNUL reports whether s contains a NUL byte.
 func hasNUL(s string) bool { return strings.Contains(s, nul) }
+
+// checkAddedKey validates the name of a key that option adds to an
+// acquisition (a record, a mark): not empty, no NUL byte, not reserved,
+// none of taken (the lock's resources and other added keys), and no
+// reentrant owner.
+func checkAddedKey(option, what, name string, taken []string, owner string) error {
+	switch {
+	case name == "":
+		return invalidf("the %s name (%s) is empty", what, option)
+	case hasNUL(name):
+		return invalidf("%s name %s (%s) contains a NUL byte", what, quoteName(name), option)
+	case reserved(name) != "":
+		return invalidf("%s name %s (%s) is reserved: %s", what, quoteName(name), option, reserved(name))
+	case slices.Contains(taken, name):
+		return invalidf("%s name %s (%s) is also a resource of the lock, or its record", what, quoteName(name), option)
+	case owner != "":
+		return invalidf("%s cannot be combined with WithOwner", option)
+	}
+	return nil
+}

@@ -26,9 +26,10 @@ import (
 //     check (before anything is set: may refuse), refused (a key of
 //     another's refused), granted (every key set: may add reply
 //     elements). Extend's are regain (before a missing key is set
-//     again: may refuse) and extended; release's are hold (may keep a
-//     key that other holds use), deleted and released; an undo's are
-//     undo and hold.
+//     again: may refuse) and extended; release's are verify (before
+//     anything is deleted: may refuse with an error reply), hold (may
+//     keep a key that other holds use), deleted and released; an undo's
+//     are undo and hold.
 //   - In Go: begin (an attempt starts: a reentrant owner's token),
 //     reply (reads a reply of its own to acquire or extend: a refusal
 //     by its keys, or gating's {2, ms left}), granted (after a quorum

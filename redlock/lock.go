@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/schedlock/schedlock/tracing"
 )
 
@@ -541,40 +539,4 @@ func (l *Lock) releaseCall(k scriptKind, a *attempt, extra ...layer) layerCall {
 		op = "undo"
 	}
 	return l.scriptCall(k, op, a, parseInt(int64(l.n)), []any{a.value, l.n}, extra...)
-}
-
-// parseExtend returns the reader of the replies to k, l's extend script:
-// 1 extended; 0 held by another owner; 3 a key of the lock was missing
-// and is set again: the node did not hold the lock, so it counts as
-// OutcomeHeld (regained), not as a confirmation, and the keys it holds
-// now serve later rounds; or a reply of one of k's layers (layer.reply).
-// Any other reply is a faulty node's (badReply).
-func parseExtend(l *Lock, k layerCall) func(*redis.Cmd) NodeResult {
-	return func(cmd *redis.Cmd) NodeResult {
-		if v, ok := cmd.Val().(int64); ok && v == 3 {
-			return NodeResult{Outcome: OutcomeHeld, regained: true}
-		}
-		if _, ok := cmd.Val().([]any); ok {
-			if r, ok := layerReply(l, kindExtend, k, cmd.Val()); ok {
-				return r
-			}
-		}
-		return parseInt(1)(cmd)
-	}
-}
-
-// parseInt reads the integer reply of a script that answers 0 to want:
-// OK when it equals want, OutcomeHeld below it. Any other reply, nil
-// included, is a faulty node's (badReply).
-func parseInt(want int64) func(*redis.Cmd) NodeResult {
-	return func(cmd *redis.Cmd) NodeResult {
-		v, ok := cmd.Val().(int64)
-		switch {
-		case !ok || cmd.Err() != nil || v < 0 || v > want:
-			return badReply("script", cmd.Val())
-		case v == want:
-			return NodeResult{Outcome: OutcomeOK}
-		}
-		return NodeResult{Outcome: OutcomeHeld}
-	}
 }

@@ -57,6 +57,14 @@ type SharedOption interface {
 	LockOption
 }
 
+// ReleaseOption configures one Release (WithReleaseLog). Its layer
+// joins that Release's script (layer.go, releaseLayers).
+type ReleaseOption interface {
+	// releaseLayer returns the option's layer of a Release of l, checked,
+	// after the layers of the options before it.
+	releaseLayer(l *Lock, before []layer) (layer, error)
+}
+
 // KeepOption configures Keep: ExtendEvery. A KeepOption is also a
 // SharedOption: given to New or to the call that acquires the Lock, it
 // sets what every later Keep of that Lock, and Do's extensions, start

@@ -2,7 +2,6 @@ package redlock
 
 import (
 	_ "embed"
-	"slices"
 	"time"
 
 	"github.com/schedlock/schedlock/redlock/internal/script"
@@ -58,26 +57,6 @@ func (r *record) reply(_ *Lock, k scriptKind, lay *script.Layout, reply any) (No
 	}
 	holder, isString := v[1].(string)
 	return refusal(holder, time.Duration(intAt(v, 2))*time.Millisecond, r.name), isString
-}
-
-// checkAddedKey validates the name of a key that option adds to an
-// acquisition (a record, a mark): not empty, no NUL byte, not reserved,
-// none of taken (the lock's resources and other added keys), and no
-// reentrant owner.
-func checkAddedKey(option, what, name string, taken []string, owner string) error {
-	switch {
-	case name == "":
-		return invalidf("the %s name (%s) is empty", what, option)
-	case hasNUL(name):
-		return invalidf("%s name %s (%s) contains a NUL byte", what, quoteName(name), option)
-	case reserved(name) != "":
-		return invalidf("%s name %s (%s) is reserved: %s", what, quoteName(name), option, reserved(name))
-	case slices.Contains(taken, name):
-		return invalidf("%s name %s (%s) is also a resource of the lock, or its record", what, quoteName(name), option)
-	case owner != "":
-		return invalidf("%s cannot be combined with WithOwner", option)
-	}
-	return nil
 }
 
 // WithRecord makes the acquisition also write a record of itself under

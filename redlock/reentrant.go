@@ -68,7 +68,10 @@ func (r *reentrant) begin(a *attempt) { a.token, r.aid = r.token, newAcquisition
 // acquisition by the same owner of resources that owner already holds
 // succeeds at once (one quorum round) and adds a hold; each Lock's Release
 // removes its own hold, and the keys are deleted when the last hold is
-// released. TTLs are refreshed on reentry and never lowered. With fencing,
+// released. TTLs are refreshed on reentry and never lowered. Holds share
+// the keys' TTL and do not expire one by one: a hold whose process died
+// without releasing keeps the keys until that TTL ends (each re-entry
+// raises it), after the other holds released. With fencing,
 // a re-entry of resources the owner holds keeps the hold's token; one that
 // adds resources is a new hold with a larger token (one token covers all of
 // a lock's resources), which supersedes the older one at the resources they

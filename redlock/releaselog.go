@@ -17,13 +17,6 @@ var releaseLogSrc string
 
 var releaseLogPart = script.Part{Name: "log", Fixed: 1, Args: -1, Hooks: script.Parse(releaseLogSrc)}
 
-// ReleaseOption configures one Release.
-type ReleaseOption interface {
-	// releaseLayer returns the option's layer of a Release of l, checked,
-	// after the layers of the options before it.
-	releaseLayer(l *Lock, before []layer) (layer, error)
-}
-
 // releaseLog is WithReleaseLog's list and entries, and the layer of the
 // Release it is given to.
 type releaseLog struct {

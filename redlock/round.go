@@ -601,16 +601,6 @@ func (rs *roundState) waitedNodeTimeout() bool {
 // answered since a call timed out.
 var errDown = &noAnswerError{msg: "not waited for: it has not answered since an earlier call timed out"}
 
-// noAnswerError is the Err of a node that gave no answer within the
-// round's limit: msg says which limit; err is the call's own error, if any.
-type noAnswerError struct {
-	msg string
-	err error
-}
-
-func (e *noAnswerError) Error() string { return e.msg }
-func (e *noAnswerError) Unwrap() error { return e.err }
-
 // limitText says which limit a call without an answer missed.
 func (rs *roundState) limitText() string {
 	if d := rs.b.deadline; !d.IsZero() && d.Before(rs.start.Add(rs.nodeTimeout())) {
@@ -626,17 +616,6 @@ func (rs *roundState) timedOut(err error) error {
 		return &noAnswerError{msg: rs.limitText(), err: err}
 	}
 	return err
-}
-
-// badReply is the result of a reply outside the contract of the command
-// (what): one that Redis does not send, so a node (or a proxy in front of
-// it) that sends it is faulty, and its answer counts for nothing.
-func badReply(what string, v any) NodeResult {
-	text := fmt.Sprintf("%#v", v)
-	if len(text) > 100 {
-		text = text[:100] + "..."
-	}
-	return NodeResult{Outcome: OutcomeError, Err: fmt.Errorf("unexpected reply %s to the %s, which Redis does not send (a proxy in between?)", text, what)}
 }
 
 // isTimeout reports whether err says that no answer came in time.
