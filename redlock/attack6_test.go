@@ -221,6 +221,7 @@ func TestAttack6ReleaseLogOtherTypes(t *testing.T) {
 			if !errors.Is(err, redlock.ErrMisconfigured) {
 				t.Errorf("%s/%s: Release with a log on a %s: %v, want ErrMisconfigured", kind, name, kind, err)
 			}
+			waitSettled(t, c) // the acquire and the release on every node, also the last to answer
 			for i, s := range cl {
 				rdb := s.Client(t)
 				if n := rdb.Exists(ctx, "p:"+res).Val(); n != 1 {
@@ -231,14 +232,15 @@ func TestAttack6ReleaseLogOtherTypes(t *testing.T) {
 				}
 				must(t, rdb.Del(ctx, "p:log").Err())
 			}
-			// The refused Lock counts as released (its keys stay to their
-			// TTL: TestAttack6RefusedReleaseCannotBeRetried); a fresh one
-			// releases with a valid log.
+			// The refused Lock stays held (TestAttack6RefusedReleaseCannotBeRetried);
+			// a fresh one releases with a valid log.
+			must(t, l.Release(ctx))
 			l, err = c.TryAcquire(ctx, []string{res + "-2"}, 10*time.Second, opts...)
 			must(t, err)
 			if err := l.Release(ctx, redlock.WithReleaseLog("log", 2, time.Minute, "entry")); err != nil {
 				t.Errorf("%s/%s: Release with a valid log: %v", kind, name, err)
 			}
+			waitSettled(t, c) // Release returns at a quorum: the last node too
 			for i, s := range cl {
 				rdb := s.Client(t)
 				if n := rdb.Exists(ctx, "p:"+res+"-2").Val(); n != 0 {

@@ -29,6 +29,7 @@ func TestRecordOutlivesTheLock(t *testing.T) {
 		redlock.WithMetadata("a"))
 	must(t, err)
 	must(t, l.Extend(ctx, 10*time.Second))
+	waitSettled(t, c) // both returned at a quorum: the last node too
 	for i, s := range cl {
 		if p := s.Client(t).PTTL(ctx, "tick:1").Val(); p <= 0 || p > recordTTL {
 			t.Errorf("node %d: record PTTL %v after Extend, want its own TTL (<= %v)", i, p, recordTTL)
