@@ -45,13 +45,6 @@ type Lock struct {
 	// have set expire (keysExpireLocked); zero before the first Extend.
 	expires time.Time
 	changed chan struct{} // closed at the next change of state, until or ttl; nil when nobody watches
-	// retry says that the last Release returned an error other than
-	// ErrLockLost, so keys may remain: the next Release sends the release
-	// again, for a Lock that was in state retryFrom before the first, to
-	// the nodes not in releasedOn (those that released it already).
-	retry      bool
-	retryFrom  lockState
-	releasedOn []bool
 }
 
 type lockState int
@@ -384,14 +377,8 @@ func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, t
 // also after Until (an Extend to a shorter TTL leaves the keys live
 // longer), and no node answered that it could not run the release. A
 // Release of a Lock already released does nothing and returns nil, so that
-// defer l.Release(ctx) may follow an explicit Release. After a Release
-// that returned an error other than ErrLockLost (nodes failed or
-// answered an error, so keys may remain there), the next Release sends
-// the release again, which deletes only this Lock's own keys wherever
-// they remain, and returns its own outcome, so a caller may retry (a
-// bounded number of times: a node that refuses for good, NOPERM say,
-// fails every retry). It asks only the nodes that have not released the
-// lock yet. After ErrLockLost there is nothing of this Lock's to release.
+// defer l.Release(ctx) may follow an explicit Release (its error came
+// from the first call).
 // Errors: ErrInvalidArgument for a nil Lock; ErrClosed after Client.Close
 // (nothing is sent; the Lock stays as it was); a *QuorumError matching
 // ErrMisconfigured when a quorum refused before deleting anything (a
@@ -427,35 +414,23 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	defer l.op.Unlock()
 	l.mu.Lock()
 	prev, until, value, expires := l.state, l.until, l.value, l.keysExpireLocked()
-	done := l.releasedOn
-	if prev == stateReleased && l.retry {
-		prev = l.retryFrom // a Release after a failed one: send it again where it did not run
-	} else if prev == stateReleased {
-		l.mu.Unlock()
-		return nil // defer l.Release(ctx) after a Release that succeeded: nothing to do
-	}
 	l.mu.Unlock()
+	if prev == stateReleased {
+		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
+	}
 	k := l.releaseCall(kindRelease, &attempt{l: l, value: value, release: true}, extra...)
-	rs := c.release(ctx, k.call, done)
+	rs := c.release(ctx, k.call, nil)
+	if !refusedBeforeDelete(rs, c.quorum) {
+		l.mu.Lock()
+		l.setStateLocked(ctx, stateReleased)
+		l.mu.Unlock()
+	}
 	if count(rs, OutcomeOK) >= c.quorum {
 		for i, y := range k.in {
 			y.released(l, k.largs[i])
 		}
 	}
-	err = l.releaseErr(rs, prev, until, expires)
-	if !refusedBeforeDelete(rs, c.quorum) {
-		l.mu.Lock()
-		l.setStateLocked(ctx, stateReleased)
-		l.retry, l.retryFrom, l.releasedOn = err != nil && !errors.Is(err, ErrLockLost), prev, nil
-		if l.retry {
-			l.releasedOn = make([]bool, len(rs))
-			for i, r := range rs {
-				l.releasedOn[i] = r.Outcome == OutcomeOK // skipped nodes included
-			}
-		}
-		l.mu.Unlock()
-	}
-	return err
+	return l.releaseErr(rs, prev, until, expires)
 }
 
 // refusedBeforeDelete reports whether no node deleted anything in the

@@ -151,54 +151,6 @@ func TestReleaseTwice(t *testing.T) {
 	}
 }
 
-// TestReleaseAgainAfterAFailedRelease: a Release that failed (nodes
-// answered errors, the keys stay there) is sent again by the next
-// Release, which deletes the keys left and returns nil once it can; it
-// used to return nil at once and leave them for their TTL. After
-// ErrLockLost there is nothing to send.
-func TestReleaseAgainAfterAFailedRelease(t *testing.T) {
-	ms, nodes := miniNodes(t, 3)
-	c := newClient(t, nodes)
-	ctx := context.Background()
-	l, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second)
-	must(t, err)
-	ms[1].SetError("LOADING Redis is loading the dataset in memory")
-	ms[2].SetError("LOADING Redis is loading the dataset in memory")
-	if err := l.Release(ctx); !errors.Is(err, redlock.ErrUnavailable) {
-		t.Fatalf("Release with 2 of 3 nodes failing = %v, want ErrUnavailable", err)
-	}
-	if err := l.Release(ctx); !errors.Is(err, redlock.ErrUnavailable) {
-		t.Errorf("Release again, the nodes still failing = %v, want ErrUnavailable", err)
-	}
-	ms[1].SetError("")
-	ms[2].SetError("")
-	if err := l.Release(ctx); err != nil {
-		t.Fatalf("Release again, the nodes back = %v, want nil", err)
-	}
-	waitSettled(t, c)
-	for i, m := range ms {
-		if m.Exists("r") {
-			t.Errorf("node %d still has the key after a Release returned nil", i)
-		}
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Errorf("Release after a Release that succeeded = %v, want nil", err)
-	}
-
-	// Lost: the keys expired; Release says so once, then has nothing to do.
-	l, err = c.TryAcquire(ctx, []string{"lost"}, 10*time.Second)
-	must(t, err)
-	for _, m := range ms {
-		m.FastForward(11 * time.Second)
-	}
-	if err := l.Release(ctx); !errors.Is(err, redlock.ErrLockLost) {
-		t.Fatalf("Release of a lock whose keys expired = %v, want ErrLockLost", err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Errorf("Release after ErrLockLost = %v, want nil", err)
-	}
-}
-
 func TestMultiResourceIsAllOrNothing(t *testing.T) {
 	ms, nodes := miniNodes(t, 3)
 	c := newClient(t, nodes)
