@@ -65,6 +65,6 @@
 // (reading the nodes' replies), layer.go (the seam the features plug
 // into), the layers fencing.go, reentrant.go, gating.go, wake.go,
 // record.go, highwater.go and releaselog.go, each with its Lua fragment,
-// and quorumfirst.go (an asking order, in no script), and internal/node
-// (the transport, which batches concurrent commands per node).
+// quorumfirst.go (an asking order, in no script), and internal/node (the
+// transport, which batches concurrent commands per node).
 package redlock

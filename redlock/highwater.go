@@ -153,12 +153,12 @@ func WithHighWater(record string, at int64, ttl time.Duration) LockOption {
 // caller of the same resources that lists the nodes in the same order)
 // before the others, a departure from step 2 of the redis.io distlock
 // page, which asks the nodes one after the other with the advice to ask
-// them all at once (multiplexing), as every other round does. In the call's first round a
-// refusal there by the mark ends the round: the mark says that another
-// acquisition took this mark or a later one, so the other nodes are not
-// asked (OutcomePending, "not asked") and the round's *QuorumError
-// matches ErrNotAcquired, not ErrUnavailable, and names that node's
-// holder (HolderMetadata) as a quorum's would. On any other answer from
+// them all at once (multiplexing), as every other round does. In the
+// call's first round a refusal there by the mark ends the round: the
+// mark says that another acquisition took this mark or a later one, so
+// the other nodes are not asked (OutcomePending, "not asked") and the
+// round's *QuorumError matches ErrNotAcquired, not ErrUnavailable, and
+// names that node's holder (HolderMetadata) as a quorum's would. On any other answer from
 // that node (a grant, a refusal by the lock's keys, an error) the round
 // asks the others at once, and at half the node timeout when it is
 // still silent (the hedge); when it is known down (it has not answered

@@ -109,7 +109,7 @@ func asWritten(v string) string {
 func hasNUL(s string) bool { return strings.Contains(s, nul) }
 
 // checkAddedKey validates the name of a key that option adds to an
-// acquisition (a record, a mark): not empty, no NUL byte, not reserved,
+// acquisition or a release (a record, a mark, a release log): not empty, no NUL byte, not reserved,
 // none of taken (the lock's resources and other added keys), and no
 // reentrant owner.
 func checkAddedKey(option, what, name string, taken []string, owner string) error {
