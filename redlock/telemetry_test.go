@@ -179,24 +179,32 @@ func checkAcquireRound(t *testing.T, s, holder sdktrace.ReadOnlySpan, job trace.
 // histogram's count, by metric name.
 func metricTotals(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	must(t, reader.Collect(context.Background(), &rm))
 	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					got[m.Name] += p.Value
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					got[m.Name] += int64(p.Count)
-				}
+	for _, m := range collect(t, reader) {
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
+			for _, p := range d.DataPoints {
+				got[m.Name] += p.Value
+			}
+		case metricdata.Histogram[float64]:
+			for _, p := range d.DataPoints {
+				got[m.Name] += int64(p.Count)
 			}
 		}
 	}
 	return got
+}
+
+// collect returns every metric that reader collected, of every scope.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) []metricdata.Metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	must(t, reader.Collect(context.Background(), &rm))
+	var all []metricdata.Metrics
+	for _, sm := range rm.ScopeMetrics {
+		all = append(all, sm.Metrics...)
+	}
+	return all
 }
 
 // checkWaitSpan checks a wait span of a contended Acquire: named for what
@@ -513,16 +521,12 @@ func TestFailedRoundSetsErrorStatus(t *testing.T) {
 // by server.port.
 func nodeErrorsByPort(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	must(t, reader.Collect(context.Background(), &rm))
 	nodeErrors := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == tracing.MetricNodeErrors {
-				for _, p := range d.DataPoints {
-					port, _ := p.Attributes.Value("server.port")
-					nodeErrors[port.String()] += p.Value
-				}
+	for _, m := range collect(t, reader) {
+		if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == tracing.MetricNodeErrors {
+			for _, p := range d.DataPoints {
+				port, _ := p.Attributes.Value("server.port")
+				nodeErrors[port.String()] += p.Value
 			}
 		}
 	}
@@ -606,15 +610,9 @@ func TestWeakGrantOnTheMetricWithoutSpans(t *testing.T) {
 // reader collected, by "op/outcome".
 func roundOutcomes(t *testing.T, reader *sdkmetric.ManualReader) map[string]uint64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	must(t, reader.Collect(context.Background(), &rm))
 	outcomes := map[string]uint64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			d, ok := m.Data.(metricdata.Histogram[float64])
-			if !ok || m.Name != tracing.MetricRoundDuration {
-				continue
-			}
+	for _, m := range collect(t, reader) {
+		if d, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == tracing.MetricRoundDuration {
 			for _, p := range d.DataPoints {
 				op, _ := p.Attributes.Value(tracing.RoundOp)
 				outcome, _ := p.Attributes.Value(tracing.Outcome)
