@@ -2,9 +2,9 @@
 -- once: SET key value NX PX ttl, all or nothing.
 -- KEYS[1..n]: the lock keys, then the layers' keys. ARGV: [1] the lock
 -- value (its first TOKEN bytes are the owner token), [2] the TTL in ms, [3]
--- n, then the layers' arguments. The layout tables K, A and R say where
--- each layer's keys, arguments and reply elements are, I a refusing
--- layer's index, TOKEN the owner token's length (internal/script).
+-- n, then the layers' arguments. K, A and R say where each layer's keys,
+-- arguments and reply elements are, I a refusing layer's index, TOKEN the
+-- owner token's length (written in by internal/script).
 -- Reply: {1, the layers' elements...} granted; {0, holder's value, its
 -- PTTL, i} refused by lock key i, or by a layer (i = I.<layer>, <= 0); a
 -- layer's own reply (gating's {2, ms left}).

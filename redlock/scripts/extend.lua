@@ -1,7 +1,7 @@
 -- Extend: keep a lock on this node and regain its missing keys.
 -- KEYS[1..n]: the lock keys, then the layers' keys. ARGV: [1] the lock
 -- value (its first TOKEN bytes are the owner token), [2] the TTL in ms, [3]
--- n, then the layers' arguments (layout tables K and A, internal/script).
+-- n, then the layers' arguments (offsets K and A: internal/script).
 -- Reply: 0 when a lock key holds another owner's token: nothing changes.
 -- A layer may refuse to regain a missing key ({2, ms left}: the restart
 -- gate) before anything changes. Otherwise every missing lock key is set

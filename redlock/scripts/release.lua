@@ -2,7 +2,7 @@
 -- holds our owner token and return how many held it (compare-and-delete).
 -- KEYS[1..n]: the lock keys, then the layers' keys. ARGV: [1] the lock
 -- value (its first TOKEN bytes are the owner token), [2] n, then the layers'
--- arguments (layout tables K and A, internal/script). A layer may refuse
+-- arguments (offsets K and A: internal/script). A layer may refuse
 -- the release with an error reply before anything is deleted (verify),
 -- keep a key that other holds still use (hold), act where a key is
 -- deleted (deleted), and after (released); an undo first takes back what

@@ -68,24 +68,39 @@ func TestRefusal(t *testing.T) {
 	}
 }
 
-// TestAssemble: the tables go at the layout line, each part's sections
-// at their hooks in order, each in its own block; a section may serve
-// several hooks.
+// TestAssemble: the shared conventions go at the layout line, each
+// part's sections at their hooks in order, each in its own block (a
+// section may serve several hooks), and every K, A, R and I reference in
+// code, in template and fragments alike, becomes its value in
+// parentheses; comments and longer names keep theirs.
 func TestAssemble(t *testing.T) {
-	frag := Parse("-- header\n--@ check granted\nlocal a = K.p\n")
-	if frag["check"] != "local a = K.p" || frag["granted"] != "local a = K.p" {
+	frag := Parse("-- header\n--@ check granted\nlocal a = KEYS[K.p + 1] -- K.p\n")
+	if frag["check"] != "local a = KEYS[K.p + 1] -- K.p" || frag["granted"] != frag["check"] {
 		t.Fatalf("Parse = %q", frag)
 	}
 	l := New([]string{"check", "granted"}, 3, 1,
 		Part{Name: "p", PerKey: 1, Args: 1, Reply: 1, Hooks: frag},
-		Part{Name: "q", Fixed: 1, Refuses: true, Hooks: map[string]string{"granted": "f()"}})
-	got := l.Assemble("local n = 2\n--@ layout\n--@ check\nif x then\n  --@ granted\nend\n")
+		Part{Name: "q", Fixed: 1, Refuses: true, Hooks: map[string]string{"granted": "f(K.q, A.q, R.q, I.q, x.K.q, KK.q)"}})
+	got := l.Assemble("local n = 2\n--@ layout\n--@ check\nif ARGV[A.p + 1] then\n  --@ granted\nend\n")
 	want := "local n = 2\n" +
-		"local K = {p = n, q = 2 * n}\nlocal A = {p = 3, q = 4}\nlocal R = {p = 1, q = 2}\n" +
-		"local I = {q = 0}\nlocal TOKEN = 32\n" +
-		"do -- p\n  local a = K.p\nend\n" +
-		"if x then\n  do -- p\n    local a = K.p\n  end\n  do -- q\n    f()\n  end\nend\n"
+		"local TOKEN = 32\n" +
+		"do -- p\n  local a = KEYS[(n) + 1] -- K.p\nend\n" +
+		"if ARGV[(3) + 1] then\n  do -- p\n    local a = KEYS[(n) + 1] -- K.p\n  end\n" +
+		"  do -- q\n    f((2 * n), (4), (2), (0), x.K.q, KK.q)\n  end\nend\n"
 	if got != want {
 		t.Errorf("Assemble:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestAssembleAbsentPart: a part that is not in the script reads nil,
+// as a missing table entry did, so that a fragment may test for it;
+// so does the refusal index of a part that does not refuse.
+func TestAssembleAbsentPart(t *testing.T) {
+	l := New([]string{"check"}, 1, 0,
+		Part{Name: "p", Args: 1, Hooks: map[string]string{"check": "x"}},
+		Part{Name: "gone", Args: 1, Hooks: map[string]string{"released": "y"}})
+	got := l.Assemble("if A.gone or K.nope or I.p then f(A.p) end\n")
+	if want := "if nil or nil or nil then f((1)) end\n"; got != want {
+		t.Errorf("Assemble = %q, want %q", got, want)
 	}
 }
