@@ -71,7 +71,9 @@ func (r *reentrant) begin(a *attempt) { a.token, r.aid = r.token, newAcquisition
 // released. TTLs are refreshed on reentry and never lowered. Holds share
 // the keys' TTL and do not expire one by one: a hold whose process died
 // without releasing keeps the keys until that TTL ends (each re-entry
-// raises it), after the other holds released. With fencing,
+// raises it), after the other holds released. A Lock whose hold expired
+// gets ErrLockLost from Release even when its owner holds the resources
+// again by another acquisition (that hold stays). With fencing,
 // a re-entry of resources the owner holds keeps the hold's token; one that
 // adds resources is a new hold with a larger token (one token covers all of
 // a lock's resources), which supersedes the older one at the resources they

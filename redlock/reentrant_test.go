@@ -451,3 +451,39 @@ func TestReentryWithMoreResourcesGetsANewToken(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiredHoldReleaseIsLost: a reentrant Lock whose hold expired, when
+// its owner holds the resources again by another acquisition, did not
+// hold them throughout: its Release reports ErrLockLost (it returned nil:
+// the owner token matched, and the other hold kept the keys), and it
+// leaves the other acquisition's hold alone.
+func TestExpiredHoldReleaseIsLost(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c := newClient(t, cl.Clients(t))
+	ctx := context.Background()
+	a := redlock.WithOwner("owner-a")
+	old, err := c.TryAcquire(ctx, []string{"r"}, 200*time.Millisecond, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // the keys and the holds expire
+	now, err := c.TryAcquire(ctx, []string{"r"}, 10*time.Second, a)
+	if err != nil {
+		t.Fatalf("owner A again after its hold expired: %v", err)
+	}
+	if err := old.Release(ctx); !errors.Is(err, redlock.ErrLockLost) {
+		t.Errorf("Release of the expired hold = %v, want ErrLockLost", err)
+	}
+	if _, err := c.TryAcquire(ctx, []string{"r"}, time.Second, redlock.WithOwner("owner-b")); !errors.Is(err, redlock.ErrNotAcquired) {
+		t.Fatalf("owner B after the expired hold's Release = %v, want ErrNotAcquired: the new hold must stay", err)
+	}
+	if err := now.Release(ctx); err != nil {
+		t.Fatalf("Release of the live hold: %v", err)
+	}
+	waitSettled(t, c)
+	for i, keys := range cl.Keys(t) {
+		if len(keys) > 0 {
+			t.Errorf("node %d keeps %q after both Releases", i, keys)
+		}
+	}
+}

@@ -13,8 +13,12 @@ end
 
 --@ hold
 -- Remove this hold; the key goes only with the last hold (the field '_t',
--- fencing's note, is not a hold).
+-- fencing's note, is not a hold). A hold that is not there expired: the
+-- owner holds the key again by another acquisition, which keeps it.
 local h = KEYS[K.reentrant + i]
-redis.call('HDEL', h, ARGV[A.reentrant + 1])
-last = redis.call('HLEN', h) - redis.call('HEXISTS', h, '_t') <= 0
-if last then redis.call('DEL', h) end
+if redis.call('HDEL', h, ARGV[A.reentrant + 1]) == 0 then
+  ours, last = false, false
+else
+  last = redis.call('HLEN', h) - redis.call('HEXISTS', h, '_t') <= 0
+  if last then redis.call('DEL', h) end
+end

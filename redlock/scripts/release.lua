@@ -8,7 +8,9 @@
 -- deleted (deleted), and after (released); an undo first takes back what
 -- the layers' acquire part set beside the keys (undo).
 -- Locals a layer's fragment may read: value, n, tok; in hold and deleted
--- the key's i and its value v; hold may set last to false (keep the key).
+-- the key's i and its value v; hold may set last to false (keep the key)
+-- and ours to false (the owner token matches, but this lock's hold there
+-- is gone: the key is not counted as released, nor deleted).
 local value, n = ARGV[1], tonumber(ARGV[2])
 --@ layout
 local tok = string.sub(value, 1, TOKEN)
@@ -18,9 +20,9 @@ local mine = 0
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
   if v and string.sub(v, 1, TOKEN) == tok then
-    mine = mine + 1
-    local last = true
+    local ours, last = true, true
     --@ hold
+    if ours then mine = mine + 1 end
     if last then
       redis.call('DEL', KEYS[i])
       --@ deleted

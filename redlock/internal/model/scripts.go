@@ -325,8 +325,14 @@ func Release(st *Store, c Call) any {
 		if !ok || tok(v) != x.tok {
 			continue
 		}
-		mine++
-		if !x.has("reentrant") || releaseHold(x, i+1) {
+		ours, last := true, true
+		if x.has("reentrant") {
+			ours, last = releaseHold(x, i+1)
+		}
+		if ours {
+			mine++
+		}
+		if last {
 			st.Del(x.keys[i])
 			// wake.lua's deleted: PUBLISH of a release notice, no state.
 		}
@@ -345,20 +351,23 @@ func Release(st *Store, c Call) any {
 }
 
 // releaseHold is reentrant.lua's hold: remove this hold of lock key i
-// and report whether it was the last.
-func releaseHold(x *run, i int) bool {
+// and report whether the key is still this hold's (ours: the hold was
+// there) and whether it was the last.
+func releaseHold(x *run, i int) (ours, last bool) {
 	h := x.key("reentrant", i)
-	x.st.HDel(h, x.arg("reentrant", 1))
+	if x.st.HDel(h, x.arg("reentrant", 1)) == 0 {
+		return false, false
+	}
 	_, hasT := x.st.HGet(h, "_t")
 	tc := int64(0)
 	if hasT {
 		tc = 1
 	}
-	last := x.st.HLen(h)-tc <= 0
+	last = x.st.HLen(h)-tc <= 0
 	if last {
 		x.st.Del(h)
 	}
-	return last
+	return true, last
 }
 
 // Fence is scripts/fence.lua.

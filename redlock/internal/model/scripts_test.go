@@ -395,6 +395,7 @@ func scenarios(ls *lockstep) {
 	ls.call("note", re.NoteCall(7, "h1"))
 	ls.call("re-entry keeps", re.AcquireCall(o, "h2", 300))
 	ls.call("reentrant extend", re.ExtendCall(o, "h2", 900))
+	ls.call("release of a hold not there", re.ReleaseCall(o, "h9", false, nil))
 	ls.call("one hold left", re.ReleaseCall(o, "h1", false, nil))
 	ls.call("last hold", re.ReleaseCall(o, "h2", false, nil))
 

@@ -213,16 +213,20 @@ func (s *Store) HGet(key, name string) (string, bool) {
 	return "", false
 }
 
-// HDel is HDEL key name; the key goes with its last field.
-func (s *Store) HDel(key, name string) {
+// HDel is HDEL key name: it returns how many fields it deleted (0 or 1);
+// the key goes with its last field.
+func (s *Store) HDel(key, name string) int64 {
 	i := s.hash(key)
 	if i < 0 {
-		return
+		return 0
 	}
+	before := len(s.Keys[i].Hash)
 	s.Keys[i].Hash = slices.DeleteFunc(s.Keys[i].Hash, func(f Field) bool { return f.Name == name })
+	deleted := int64(before - len(s.Keys[i].Hash))
 	if len(s.Keys[i].Hash) == 0 {
 		s.Keys = slices.Delete(s.Keys, i, i+1)
 	}
+	return deleted
 }
 
 // HLen is HLEN.
