@@ -21,19 +21,20 @@
 //	I.<layer>  {0, value, PTTL, I.<layer>, ...}: refused by the layer's key
 //
 // and Assemble writes each one's value in its place, in parentheses
-// ("KEYS[(2 * n + 1) + j]"), where n, the number of the lock's resources,
-// is a local of the template: the script builds no table on the node to
-// look them up (four tables cost a release about 0.8 us of the node's
-// CPU, 15%). A part that is not in the script reads nil, as a missing
-// table entry would, so that a fragment may ask whether another part is
-// there ("if K.reentrant then", fencing.lua). Comments are left as
-// written.
+// ("KEYS[(2 * n + 1) + j]"), where n, the number of the lock's
+// resources, is a local of the template: the script builds no table on
+// the node to look them up (four tables cost a release call about 1 us
+// of the node's CPU, a tenth of it). A part that is not in the script
+// reads nil, as a missing table entry would, so that a fragment may ask
+// whether another part is there ("if K.reentrant then", fencing.lua).
+// Comments are left as written.
 //
 // A refusal by lock key i is {0, value, PTTL, i}, i >= 1; each part that
 // refuses (Part.Refuses) gets its own index, 0, -1, ... in the order of
-// the parts in the script. A fragment file holds sections, each introduced by a line
-// "--@ <hook> [<hook>...]" (one section may serve several hooks); the
-// text before the first section is its header comment.
+// the parts in the script. A fragment file holds sections, each
+// introduced by a line "--@ <hook> [<hook>...]" (one section may serve
+// several hooks); the text before the first section is its header
+// comment.
 package script
 
 import (
@@ -47,9 +48,9 @@ import (
 const TokenLen = 32
 
 // Part is one layer's share of a script: its name (its offsets are
-// K.<name>, A.<name>, R.<name> and I.<name>), its keys (PerKey per resource, then Fixed
-// more), how many arguments it passes, how many reply elements it sets,
-// and its Lua, by hook.
+// K.<name>, A.<name>, R.<name> and I.<name>), its keys (PerKey per
+// resource, then Fixed more), how many arguments it passes, how many
+// reply elements it sets, and its Lua, by hook.
 type Part struct {
 	Name   string
 	PerKey int // keys per resource (Layout.Key)
