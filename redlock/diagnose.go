@@ -208,15 +208,33 @@ func (c *Client) observe(p *peer, r NodeResult) {
 	h.mu.Unlock()
 	switch {
 	case logBad && errors.Is(cause, ErrMisconfigured):
-		c.log.Error("redlock: node misconfigured (locks work while a quorum of the nodes answers)",
+		c.log.Error("redlock: node misconfigured ("+c.quorumText()+")",
 			"node", p.addr, "cause", cause.Error())
 	case logBad:
-		c.log.Warn("redlock: node failing (locks work while a quorum of the nodes answers)",
+		c.log.Warn("redlock: node failing ("+c.quorumText()+")",
 			"node", p.addr, "cause", cause.Error())
 	case logGood:
 		c.log.Info("redlock: node answers again", "node", p.addr,
 			"failing_for", now.Sub(since).Round(time.Millisecond).String())
 	}
+}
+
+// quorumText says, for a node's failure log line, whether the nodes that
+// are not failing still make a quorum.
+func (c *Client) quorumText() string {
+	failing := 0
+	for _, p := range c.peers {
+		p.health.mu.Lock()
+		if p.health.cause != nil {
+			failing++
+		}
+		p.health.mu.Unlock()
+	}
+	if n := len(c.peers); failing > n-c.quorum {
+		return fmt.Sprintf("%d of %d nodes failing, fewer than a quorum of %d answer: no lock can be acquired, extended or released until they do",
+			failing, n, c.quorum)
+	}
+	return fmt.Sprintf("%d of %d nodes failing: locks work while a quorum of %d answers", failing, len(c.peers), c.quorum)
 }
 
 // answeredLocked records an answer of the node at now; logGood says that

@@ -395,6 +395,34 @@ func TestFrozenNodeIsLoggedAndRecovers(t *testing.T) {
 	if others := logs.lines("node failing"); len(others) != 1 {
 		t.Errorf("other nodes logged as failing:\n%s", logs)
 	}
+	if !strings.Contains(bad[0], "1 of 3 nodes failing: locks work while a quorum of 2 answers") {
+		t.Errorf("failing line does not say that the quorum still works: %s", bad[0])
+	}
+}
+
+// TestLostQuorumIsLoggedAsSuch: once so many nodes fail that no quorum
+// answers, the failing line says that no lock works (it said "locks work
+// while a quorum of the nodes answers" with every node down).
+func TestLostQuorumIsLoggedAsSuch(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	c, logs := newLogged(t, cl.Clients(t))
+	ctx := context.Background()
+	cl[1].Stop(t)
+	cl[2].Stop(t)
+	defer cl[1].Cont(t)
+	defer cl[2].Cont(t)
+	for range 3 {
+		if _, err := c.TryAcquire(ctx, []string{"r"}, time.Second); !errors.Is(err, redlock.ErrUnavailable) {
+			t.Fatalf("TryAcquire with 2 of 3 nodes stopped = %v, want ErrUnavailable", err)
+		}
+	}
+	lost := logs.lines("node failing", "2 of 3 nodes failing, fewer than a quorum of 2 answer: no lock can be acquired")
+	if len(lost) != 1 {
+		t.Errorf("want one failing line saying that no quorum answers; log:\n%s", logs)
+	}
+	if works := logs.lines("node failing", "locks work"); len(works) > 1 {
+		t.Errorf("more than the first failing node's line says that locks work:\n%s", logs)
+	}
 }
 
 // TestNewWarnsAboutNodeSets: 2 nodes, an even count and two names of one
