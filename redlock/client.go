@@ -274,9 +274,11 @@ func (c *Client) validity(start time.Time, ttl time.Duration) time.Duration {
 }
 
 // CheckTTL returns the error that Acquire, TryAcquire, Do and Extend of
-// this Client return for ttl before any I/O, or nil: a TTL below 1 ms,
-// one that leaves no more than the minimum validity (WithMinValidity)
-// after the clock drift allowance, or one above a feature's limit (the
+// this Client return for ttl before any I/O, or nil: a TTL that leaves
+// no more than the minimum validity (WithMinValidity) after the clock
+// drift allowance (below 5 ms with the defaults; the error names the
+// shortest accepted and the shortest that a round taking the whole node
+// timeout leaves valid, 209 ms with the defaults), or one above a feature's limit (the
 // restart gate, WithRestartGating). The error matches ErrInvalidArgument
 // and names the limit. Packages built on a Client (scheduler, elector)
 // call it when they are configured, so that a TTL every call would reject
@@ -295,7 +297,7 @@ func (c *Client) ttlProblem(ttl time.Duration) string {
 	ms := ttl.Truncate(time.Millisecond)
 	switch {
 	case ttl < time.Millisecond:
-		least, ok := c.shortestTTL()
+		least, ok := c.shortestTTL(0)
 		if !ok {
 			least = time.Millisecond
 		}
@@ -303,8 +305,12 @@ func (c *Client) ttlProblem(ttl time.Duration) string {
 	case c.tooShort(ms):
 		msg := fmt.Sprintf("TTL %v is too short: after the clock drift allowance of %v, less than the minimum validity (%g%% of the TTL, WithMinValidity) would remain",
 			ttl, c.drift(ttl), c.cfg.minValidity*100)
-		if least, ok := c.shortestTTL(); ok {
-			msg += fmt.Sprintf("; use at least %v", least)
+		if least, ok := c.shortestTTL(0); ok {
+			msg += fmt.Sprintf("; the shortest TTL accepted is %v", least)
+			if roomy, ok := c.shortestTTL(c.cfg.nodeTimeout); ok {
+				msg += fmt.Sprintf(", but a round uses up part of it: at least %v keeps the minimum validity even when a round takes the whole %v node timeout",
+					roomy, c.cfg.nodeTimeout)
+			}
 		}
 		return msg
 	}
@@ -323,15 +329,16 @@ func (c *Client) tooShort(ttl time.Duration) bool {
 }
 
 // shortestTTL returns the shortest whole-millisecond TTL that is not too
-// short, for the error about one that is; false when none up to an hour is.
-func (c *Client) shortestTTL() (time.Duration, bool) {
+// short once a round has taken elapsed of it (0: the shortest accepted),
+// for the errors about one that is; false when none up to an hour is.
+func (c *Client) shortestTTL(elapsed time.Duration) (time.Duration, bool) {
 	rest := 1 - c.cfg.driftFactor - c.cfg.minValidity // of the TTL, left after the factors
 	if rest <= 0 {
 		return 0, false
 	}
-	ttl := max(time.Duration(float64(driftConstant)/rest).Truncate(time.Millisecond), time.Millisecond)
+	ttl := max(time.Duration(float64(driftConstant+elapsed)/rest).Truncate(time.Millisecond), time.Millisecond)
 	for ; ttl <= time.Hour; ttl += time.Millisecond {
-		if !c.tooShort(ttl) {
+		if ttl-elapsed-c.drift(ttl) > time.Duration(float64(ttl)*c.cfg.minValidity) {
 			return ttl, true
 		}
 	}

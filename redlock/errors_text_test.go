@@ -79,7 +79,8 @@ func TestInvalidArgumentTexts(t *testing.T) {
 		{"nanosecond TTL", []string{"a"}, time.Nanosecond, nil, "redlock: invalid argument: TTL 1ns is below the minimum 5ms"},
 		{"TTL below drift", []string{"a"}, 3 * time.Millisecond, nil,
 			"redlock: invalid argument: TTL 3ms is too short: after the clock drift allowance of 2.03ms, " +
-				"less than the minimum validity (50% of the TTL, WithMinValidity) would remain; use at least 5ms"},
+				"less than the minimum validity (50% of the TTL, WithMinValidity) would remain; the shortest TTL accepted is 5ms, " +
+				"but a round uses up part of it: at least 209ms keeps the minimum validity even when a round takes the whole 100ms node timeout"},
 		{"no resources", nil, time.Second, nil, "redlock: invalid argument: no resources: name at least one"},
 		{"empty resource", []string{"a", ""}, time.Second, nil, "redlock: invalid argument: resources[1] is empty"},
 		{"duplicate resource", []string{"a", "b", "a"}, time.Second, nil,
