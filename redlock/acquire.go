@@ -138,8 +138,9 @@ func (l *Lock) nextDelay(policy backoff.BackOff, n, splits int, q *QuorumError) 
 // every node refused. Errors: ErrInvalidArgument for bad input (no I/O
 // then); a *QuorumError (matching ErrNotAcquired, and ErrUnavailable when
 // too many nodes failed, ErrMisconfigured when they answered with an error
-// an operator must fix); or, when ctx ended, an error matching
-// ErrNotAcquired and ctx's cause.
+// an operator must fix); ErrClosed (with ErrNotAcquired) after Close;
+// or, when ctx ended, an error matching ErrNotAcquired and ctx's cause.
+// Safe for concurrent use.
 func (c *Client) TryAcquire(ctx context.Context, resources []string, ttl time.Duration, opts ...LockOption) (l *Lock, err error) {
 	ctx, span := c.tel.startOp(ctx, tracing.SpanTryAcquire, resources, ttl)
 	start, attempts := time.Now(), 0

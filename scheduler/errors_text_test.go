@@ -402,3 +402,20 @@ func TestSkippedRunsAreLogged(t *testing.T) {
 		t.Errorf("want one error line naming the fix for 3 skipped runs, got %d:\n%s", got, logs.String())
 	}
 }
+
+// TestHistoryArgumentText: History's n names itself, not the history
+// length setting (WithHistoryLength); an unknown job has no record and no
+// error.
+func TestHistoryArgumentText(t *testing.T) {
+	c, _ := miniClient(t, 1)
+	clock := clockwork.NewFakeClockAt(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	a, _ := twoLockers(t, c, clock)
+	ctx := context.Background()
+	_, err := a.History(ctx, "report", 0)
+	checkText(t, "History with n 0", err,
+		`scheduler: invalid argument: History of "report": n 0 (entries wanted) is below 1`, redlock.ErrInvalidArgument)
+	runs, err := a.History(ctx, "no-such-job", 5)
+	if err != nil || len(runs) != 0 {
+		t.Errorf("History of a job without a record = %v, %v; want none and no error", runs, err)
+	}
+}

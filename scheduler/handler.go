@@ -21,36 +21,6 @@ import (
 	"github.com/schedlock/schedlock/redlock"
 )
 
-// The status page: Scheduler.Handler serves the fleet's state (Status)
-// as a web page and as JSON, and, when the application enables them, the
-// fleet controls (Pause, Resume, RequestRun) as forms. It has no
-// authentication of its own: mount it behind the application's
-// (docs/operations.md).
-//
-//	GET  /             the page: server-rendered (html/template), no
-//	                   JavaScript, refreshing itself (WithRefresh);
-//	                   ?job=NAME shows one job, ?runs=N its newest N runs
-//	GET  /api/status   the same as JSON (Status), same parameters
-//	POST /pause        job=NAME: Pause      (WithControls(true) only)
-//	POST /resume       job=NAME: Resume
-//	POST /run          job=NAME: RequestRun
-//
-// Paths are relative to where it is mounted: under a prefix, strip it
-// (http.StripPrefix("/ops/scheduler", h)) and link to the prefix with a
-// trailing slash; the page's links and forms are relative. A POST must be
-// a same-origin form (http.CrossOriginProtection: the browser's
-// Sec-Fetch-Site or Origin header) carrying the page's CSRF token, an
-// HMAC of a random cookie that the page sets (double-submit, so that a
-// token obtained by one browser is refused from another); it gets 303 See
-// Other back to the page. Bad input changes nothing and gets a 4xx with
-// a plain-text reason: 400 (bad runs or job parameter, malformed form),
-// 403 (controls disabled, cross-origin request, missing or wrong CSRF
-// token), 404 (unknown path or job), 405 (wrong method), 409 (a run-now
-// request already pending), 413 (form over 8 KiB), 415 (not a form).
-// Redis unavailable is 503. The page shows no lock values, owner tokens
-// or fencing tokens: instance IDs, job names, schedules, settings and the
-// error texts of runs.
-
 // HandlerOption configures Scheduler.Handler.
 type HandlerOption func(*handlerConfig)
 
@@ -109,12 +79,38 @@ type handler struct {
 	page *template.Template
 }
 
-// Handler returns the fleet's status page (see the package's handler.go
-// comment, and docs/operations.md for mounting it behind the
-// application's authentication): GET / (HTML), GET /api/status (JSON)
-// and, with WithControls(true), POST /pause, /resume and /run. It starts
-// nothing; each request reads the nodes (Status), bounded by the
-// request's context. Errors match redlock.ErrInvalidArgument: a nil
+// Handler returns the fleet's status page: it serves the fleet's state
+// (Status) as a web page and as JSON, and, when the application enables
+// them, the fleet controls (Pause, Resume, RequestRun) as forms. It has
+// no authentication of its own: mount it behind the application's
+// (docs/operations.md).
+//
+//	GET  /             the page: server-rendered (html/template), no
+//	                   JavaScript, refreshing itself (WithRefresh);
+//	                   ?job=NAME shows one job, ?runs=N its newest N runs
+//	GET  /api/status   the same as JSON (Status), same parameters
+//	POST /pause        job=NAME: Pause      (WithControls(true) only)
+//	POST /resume       job=NAME: Resume
+//	POST /run          job=NAME: RequestRun
+//
+// Paths are relative to where it is mounted: under a prefix, strip it
+// (http.StripPrefix("/ops/scheduler", h)) and link to the prefix with a
+// trailing slash; the page's links and forms are relative. A POST must be
+// a same-origin form (http.CrossOriginProtection: the browser's
+// Sec-Fetch-Site or Origin header) carrying the page's CSRF token, an
+// HMAC of a random cookie that the page sets (double-submit, so that a
+// token obtained by one browser is refused from another); it gets 303 See
+// Other back to the page. Bad input changes nothing and gets a 4xx with
+// a plain-text reason: 400 (bad runs or job parameter, malformed form),
+// 403 (controls disabled, cross-origin request, missing or wrong CSRF
+// token), 404 (unknown path or job), 405 (wrong method), 409 (a run-now
+// request already pending), 413 (form over 8 KiB), 415 (not a form).
+// Redis unavailable is 503. The page shows no lock values, owner tokens
+// or fencing tokens: instance IDs, job names, schedules, settings and the
+// error texts of runs.
+//
+// It starts nothing; each request reads the nodes (Status), bounded by
+// the request's context. Errors match redlock.ErrInvalidArgument: a nil
 // option, a refresh below 1 s, a CSRF key shorter than 32 bytes, a bad
 // StatusOption. Safe for concurrent use.
 func (s *Scheduler) Handler(opts ...HandlerOption) (http.Handler, error) {

@@ -51,8 +51,8 @@ type Run struct {
 	// paused across the fleet: taken by Instance, not run; see
 	// Scheduler.Pause).
 	Outcome string `json:"outcome"`
-	// Error is the task's error or the reason for a late skip, at most
-	// maxErrorText bytes.
+	// Error is the task's error or the reason for a late skip, cut to at
+	// most 300 bytes (maxErrorText) of valid UTF-8.
 	Error string `json:"error,omitempty"`
 }
 
@@ -111,13 +111,17 @@ func encode(job string, entries []Run) []string {
 // History returns the newest n entries (at most the history length,
 // WithHistoryLength) of job's run record, newest first: runs, missed
 // scheduled times and late skips, merged from every node that answered
-// (an entry is on each node its write reached). Errors: ErrInvalidArgument
+// (an entry is on each node its write reached). A job with no record
+// gives none and no error, whatever its name: the record is read by name
+// from the nodes, where any instance of the fleet may have written it,
+// so a misspelled name reads as a job that has not run (unlike Pause,
+// which knows this instance's jobs). Errors: redlock.ErrInvalidArgument
 // for n < 1; an error matching redlock.ErrUnavailable, with what the nodes
 // that answered hold, when fewer than a quorum answered. Safe for
 // concurrent use.
 func (l *Locker) History(ctx context.Context, job string, n int) ([]Run, error) {
 	if n < 1 {
-		return nil, invalidf("history length %d is below 1", n)
+		return nil, invalidf("History of %q: n %d (entries wanted) is below 1", job, n)
 	}
 	n = min(n, l.cfg.history)
 	replies, err := l.client.Eval(ctx, readScript, []string{l.historyKey(job)}, n)

@@ -262,7 +262,11 @@ func (s *Scheduler) Start() {
 // Shutdown tells the fleet loop to stop, shuts gocron down (gocron's
 // Shutdown), and returns once the fleet loop has ended too: its last
 // heartbeat, bounded by the node timeout, says this instance stopped, and
-// a run-now request it took has had its answer.
+// a run-now request it took has had its answer. Its error is gocron's
+// Shutdown's (gocron.ErrStopSchedulerTimedOut when running jobs outlast
+// gocron's stop timeout, gocron.WithStopTimeout). A last heartbeat that
+// fails is not reported: the fleet then sees this instance fall silent
+// (Status) rather than stopped.
 func (s *Scheduler) Shutdown() error {
 	wait := s.stopFleet()
 	defer wait()

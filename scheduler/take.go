@@ -82,11 +82,12 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 		return last
 	}
 	return l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
-		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound, redlock.ErrorText(err))})
+		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound.Round(time.Millisecond), redlock.ErrorText(err))})
 }
 
 // acquireOptions returns the options of a claim's Acquire. Each round
-// waits for the nodes up to half the Lock's bound: a burst of many jobs
+// waits for the nodes up to half the Lock's bound (in whole
+// milliseconds, so that errors name a round number): a burst of many jobs
 // firing at once queues its commands for longer than a node timeout made
 // for single locks, and a round that waits costs less than one that fails
 // and is retried. Losers do not wait for the winner's release (no release
@@ -104,7 +105,7 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
 	opts := []redlock.LockOption{
 		redlock.WithMetadataFunc(l.metadata),
-		redlock.WithNodeTimeout(max(l.client.NodeTimeout(), bound/2)),
+		redlock.WithNodeTimeout(max(l.client.NodeTimeout(), (bound / 2).Truncate(time.Millisecond))),
 		redlock.WithRetry(retryPolicy),
 		redlock.WithReleaseNotices(false),
 		redlock.WithRefusalText(refusalText),
