@@ -133,8 +133,8 @@ func printHeader(w io.Writer, cfg config, nodes *exnodes.Set, offsets []time.Dur
 			"each scheduled time still runs at most once, on the instance whose clock is ahead.\n",
 			spread, scheduler.DefaultClockTolerance)
 	}
-	fmt.Fprintf(w, "Each tick must run on exactly one instance; the others skip it. Running for %v.\n", cfg.duration)
-	fmt.Fprintf(w, "Each line: the true time of the run (no offset), the job, its tick on the instance's own clock, the instance.\n\n")
+	fmt.Fprintf(w, "Each scheduled time must run on exactly one instance; the others skip it. Running for %v.\n", cfg.duration)
+	fmt.Fprintf(w, "Each line: the true time of the run (no offset), the job, its scheduled time on the instance's own clock, the instance.\n\n")
 }
 
 // clockSpread returns max - min of ds.

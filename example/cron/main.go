@@ -210,10 +210,10 @@ func parseConfig(args []string, stdout io.Writer) (config, error) {
 	case cfg.instances < 1 || cfg.instances > maxInstances:
 		return cfg, fmt.Errorf("-instances %d: must be between 1 and %d", cfg.instances, maxInstances)
 	case cfg.duration < minDuration:
-		return cfg, fmt.Errorf("-duration %v: too short; ticks are judged from %v after the start to %v before the end, so use %v or more",
+		return cfg, fmt.Errorf("-duration %v: too short; scheduled times are judged from %v after the start to %v before the end, so use %v or more",
 			cfg.duration, judgeFrom, judgeUntil, minDuration)
 	case cfg.jobTime < 0 || cfg.jobTime >= maxJobTime:
-		return cfg, fmt.Errorf("-job-time %v: must be at least 0 and below %v, so that a run ends well before the next tick of report (every 1s)",
+		return cfg, fmt.Errorf("-job-time %v: must be at least 0 and below %v, so that a run ends well before the next scheduled time of report (every 1s)",
 			cfg.jobTime, maxJobTime)
 	case cfg.ttl != 0 && cfg.ttl < minTTL:
 		return cfg, fmt.Errorf("-ttl %v: must be 0 (the scheduler's default) or at least %v", cfg.ttl, minTTL)
@@ -265,7 +265,7 @@ func parseSkews(list string) ([]time.Duration, error) {
 func printUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage: cron [flags]\n\n"+
 		"Runs a fleet of scheduler instances that share Redis nodes and checks\n"+
-		"that each tick of each job runs on exactly one instance.\n\nFlags:\n")
+		"that each scheduled time of each job runs on exactly one instance.\n\nFlags:\n")
 	fs.VisitAll(func(f *flag.Flag) {
 		if hiddenFlags[f.Name] {
 			return

@@ -221,7 +221,7 @@ func checkExactlyOnce(t *testing.T, out string, instances int) []summaryRow {
 				r.job, r.ticks, r.runs, r.duplicates, r.missed)
 		}
 	}
-	if !strings.Contains(out, "OK: every tick ran exactly once") {
+	if !strings.Contains(out, "OK: every scheduled time ran exactly once") {
 		t.Errorf("output lacks the OK line:\n%s", out)
 	}
 	return rows

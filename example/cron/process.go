@@ -179,7 +179,7 @@ func (c *child) killAt(ctx context.Context, at, deadline time.Time, cfg config, 
 	if err := c.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("kill instance %d: %w", c.id, err)
 	}
-	rec.printf("%s  SIGKILL instance %d (clock %s, the first to fire): the others must run its ticks from now on\n",
+	rec.printf("%s  SIGKILL instance %d (clock %s, the first to fire): the others must run its scheduled times from now on\n",
 		now.Format("15:04:05.000"), c.id, formatOffset(cfg.offset(c.id)))
 	return nil
 }

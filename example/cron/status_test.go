@@ -80,8 +80,8 @@ func TestStatusFlag(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run() = %v with sync paused, want nil; output:\n%s", err, out.String())
 	}
-	if !regexp.MustCompile(`sync: [1-9]\d* tick\(s\) skipped while paused`).MatchString(out.String()) ||
-		!strings.Contains(out.String(), "OK: every tick ran exactly once") {
+	if !regexp.MustCompile(`sync: [1-9]\d* scheduled time\(s\) skipped while paused`).MatchString(out.String()) ||
+		!strings.Contains(out.String(), "OK: every scheduled time ran exactly once") {
 		t.Errorf("the summary does not count sync's paused ticks apart:\n%s", out.String())
 	}
 }

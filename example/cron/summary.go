@@ -36,7 +36,7 @@ func (r *recorder) add(x jobRun) {
 	if x.Instance >= 0 && x.Instance < len(r.offsets) {
 		clock = formatOffset(r.offsets[x.Instance])
 	}
-	fmt.Fprintf(r.out, "%s  %-6s  tick %s  ran on instance %d (clock %s)\n",
+	fmt.Fprintf(r.out, "%s  %-6s  scheduled %s  ran on instance %d (clock %s)\n",
 		x.Start.Local().Format("15:04:05.000"), x.Job, tick, x.Instance, clock)
 }
 
@@ -166,10 +166,10 @@ func judge(runs []jobRun, job jobSpec, instances int, from, to time.Time) verdic
 // printSummary writes the two tables and the verdict, and returns an error
 // when a verdict failed.
 func printSummary(w io.Writer, verdicts []verdict, runs []jobRun, stats []instanceStats, offsets []time.Duration, from, to time.Time) error {
-	fmt.Fprintf(w, "\nJudged: the ticks from %s to %s (the first %v and the last %v of the run are left out: not every instance is running there).\n\n",
+	fmt.Fprintf(w, "\nJudged: the scheduled times from %s to %s (the first %v and the last %v of the run are left out: not every instance is running there).\n\n",
 		from.Local().Format("15:04:05.0"), to.Local().Format("15:04:05.0"), judgeFrom, judgeUntil)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "job\tevery\tticks\truns\tduplicates\tmissed")
+	fmt.Fprint(tw, "job\tevery\tscheduled\truns\tduplicates\tmissed")
 	for i := range offsets {
 		fmt.Fprintf(tw, "\tinst %d", i)
 	}
@@ -190,7 +190,7 @@ func printSummary(w io.Writer, verdicts []verdict, runs []jobRun, stats []instan
 			total[x.Instance]++
 		}
 	}
-	fmt.Fprintf(w, "\nPer instance, over the whole run (a skip is a tick that gocron did not run there because Lock failed):\n\n")
+	fmt.Fprintf(w, "\nPer instance, over the whole run (a skip is a scheduled time that gocron did not run there because Lock failed):\n\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "instance\tclock\truns\tskips: held elsewhere\tskips: lock error")
 	for _, s := range stats {
@@ -212,10 +212,10 @@ func printSummary(w io.Writer, verdicts []verdict, runs []jobRun, stats []instan
 	}
 	for _, v := range verdicts {
 		if v.paused+v.manual > 0 {
-			fmt.Fprintf(w, "%s: %d tick(s) skipped while paused, %d manual run(s), through the status page.\n", v.job.name, v.paused, v.manual)
+			fmt.Fprintf(w, "%s: %d scheduled time(s) skipped while paused, %d manual run(s), through the status page.\n", v.job.name, v.paused, v.manual)
 		}
 	}
-	fmt.Fprintln(w, "\nThe instance that fires first (its clock furthest ahead) usually takes the tick; the others find it held.")
+	fmt.Fprintln(w, "\nThe instance that fires first (its clock furthest ahead) usually takes the scheduled time; the others find it held.")
 
 	// Verdict.
 	var dups, missed, stray int
@@ -224,14 +224,14 @@ func printSummary(w io.Writer, verdicts []verdict, runs []jobRun, stats []instan
 		missed += len(v.missed)
 		stray += len(v.offGrid)
 		for _, d := range v.duplicates {
-			fmt.Fprintf(w, "DUPLICATE: %s tick %s ran %d times, on instances %s\n",
+			fmt.Fprintf(w, "DUPLICATE: %s at %s ran %d times, on instances %s\n",
 				v.job.name, d.tick.Local().Format("15:04:05"), len(d.instances), joinInts(d.instances))
 		}
 		for _, t := range v.missed {
-			fmt.Fprintf(w, "MISSED: %s tick %s ran on no instance\n", v.job.name, t.Local().Format("15:04:05"))
+			fmt.Fprintf(w, "MISSED: %s at %s ran on no instance\n", v.job.name, t.Local().Format("15:04:05"))
 		}
 		for _, o := range v.offGrid {
-			fmt.Fprintf(w, "OFF GRID: %s ran for tick %s, which is not a tick of the job, on instances %s\n",
+			fmt.Fprintf(w, "OFF GRID: %s ran for %s, which is not a scheduled time of the job, on instances %s\n",
 				v.job.name, o.tick.Local().Format("15:04:05.000"), joinInts(o.instances))
 		}
 	}
@@ -241,11 +241,11 @@ func printSummary(w io.Writer, verdicts []verdict, runs []jobRun, stats []instan
 	}
 	switch {
 	case dups+missed+stray > 0:
-		return fmt.Errorf("%d tick(s) ran more than once, %d never ran, %d run(s) off the grid", dups, missed, stray)
+		return fmt.Errorf("%d scheduled time(s) ran more than once, %d never ran, %d run(s) off the grid", dups, missed, stray)
 	case judged == 0:
-		return fmt.Errorf("no tick to judge: the run was too short")
+		return fmt.Errorf("no scheduled time to judge: the run was too short")
 	}
-	fmt.Fprintln(w, "OK: every tick ran exactly once")
+	fmt.Fprintln(w, "OK: every scheduled time ran exactly once")
 	return nil
 }
 
