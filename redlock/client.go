@@ -278,9 +278,9 @@ func (c *Client) validity(start time.Time, ttl time.Duration) time.Duration {
 // no more than the minimum validity (WithMinValidity) after the clock
 // drift allowance (below 5 ms with the defaults; the error names the
 // shortest accepted and the shortest that a round taking the whole node
-// timeout leaves valid, 209 ms with the defaults), or one above a feature's limit (the
-// restart gate, WithRestartGating). The error matches ErrInvalidArgument
-// and names the limit. Packages built on a Client (scheduler, elector)
+// timeout leaves valid, 209 ms with the defaults), or one above a
+// feature's limit (the restart gate, WithRestartGating). The error
+// matches ErrInvalidArgument and names the limit. Packages built on a Client (scheduler, elector)
 // call it when they are configured, so that a TTL every call would reject
 // is reported once.
 // No I/O; safe for concurrent use.

@@ -416,12 +416,15 @@ func TestLostQuorumIsLoggedAsSuch(t *testing.T) {
 			t.Fatalf("TryAcquire with 2 of 3 nodes stopped = %v, want ErrUnavailable", err)
 		}
 	}
+	// The two nodes' lines may be logged concurrently (each counts the
+	// failing nodes when it logs): at least the later one says that no
+	// quorum answers, and none says that locks work with two failing.
 	lost := logs.lines("node failing", "2 of 3 nodes failing, fewer than a quorum of 2 answer: no lock can be acquired")
-	if len(lost) != 1 {
-		t.Errorf("want one failing line saying that no quorum answers; log:\n%s", logs)
+	if len(lost) == 0 {
+		t.Errorf("no failing line says that no quorum answers; log:\n%s", logs)
 	}
-	if works := logs.lines("node failing", "locks work"); len(works) > 1 {
-		t.Errorf("more than the first failing node's line says that locks work:\n%s", logs)
+	if works := logs.lines("node failing", "locks work"); len(works) > 1 || len(works) == 1 && !strings.Contains(works[0], "1 of 3") {
+		t.Errorf("a failing line says that locks work with two nodes failing:\n%s", logs)
 	}
 }
 
