@@ -27,7 +27,8 @@
 // of the node's CPU, a tenth of it). A part that is not in the script
 // reads nil, as a missing table entry would, so that a fragment may ask
 // whether another part is there ("if K.reentrant then", fencing.lua).
-// Comments are left as written.
+// Comments are left as written: a line's code ends at its first "--", so
+// a fragment keeps "--" and references out of its string literals.
 //
 // A refusal by lock key i is {0, value, PTTL, i}, i >= 1; each part that
 // refuses (Part.Refuses) gets its own index, 0, -1, ... in the order of
@@ -241,8 +242,9 @@ func (l *Layout) Assemble(template string) string {
 }
 
 // reference matches K.<name>, A.<name>, R.<name> and I.<name> that are
-// not part of a longer name.
-var reference = regexp.MustCompile(`(^|[^A-Za-z0-9_.])([KARI])\.([A-Za-z_][A-Za-z0-9_]*)`)
+// not part of a longer name (a field, x.K.name), also after Lua's
+// concatenation operator ('k'..K.name).
+var reference = regexp.MustCompile(`(^|[^A-Za-z0-9_.]|\.\.)([KARI])\.([A-Za-z_][A-Za-z0-9_]*)`)
 
 // resolve returns line with the references in its code (before a "--"
 // comment) replaced by their values.

@@ -80,13 +80,13 @@ func TestAssemble(t *testing.T) {
 	}
 	l := New([]string{"check", "granted"}, 3, 1,
 		Part{Name: "p", PerKey: 1, Args: 1, Reply: 1, Hooks: frag},
-		Part{Name: "q", Fixed: 1, Refuses: true, Hooks: map[string]string{"granted": "f(K.q, A.q, R.q, I.q, x.K.q, KK.q)"}})
+		Part{Name: "q", Fixed: 1, Refuses: true, Hooks: map[string]string{"granted": "f(K.q, A.q, R.q, I.q, x.K.q, KK.q, 'k'..K.q)"}})
 	got := l.Assemble("local n = 2\n--@ layout\n--@ check\nif ARGV[A.p + 1] then\n  --@ granted\nend\n")
 	want := "local n = 2\n" +
 		"local TOKEN = 32\n" +
 		"do -- p\n  local a = KEYS[(n) + 1] -- K.p\nend\n" +
 		"if ARGV[(3) + 1] then\n  do -- p\n    local a = KEYS[(n) + 1] -- K.p\n  end\n" +
-		"  do -- q\n    f((2 * n), (4), (2), (0), x.K.q, KK.q)\n  end\nend\n"
+		"  do -- q\n    f((2 * n), (4), (2), (0), x.K.q, KK.q, 'k'..(2 * n))\n  end\nend\n"
 	if got != want {
 		t.Errorf("Assemble:\n%s\nwant:\n%s", got, want)
 	}
