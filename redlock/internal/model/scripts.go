@@ -319,6 +319,24 @@ func Release(st *Store, c Call) any {
 			undoMark(st, mk, m, ok)
 		}
 	}
+	mine := releaseKeys(st, x)
+	if x.has("log") {
+		list := x.key("log", 1)
+		for j := x.lay.Arg("log") + 3; j <= len(x.argv); j++ {
+			st.LPush(list, x.argv[j-1])
+		}
+		l, _ := num(x.arg("log", 1))
+		st.LTrim(list, int(l))
+		px, _ := num(x.arg("log", 2))
+		st.PExpire(list, px)
+	}
+	return mine
+}
+
+// releaseKeys is release.lua's loop over the lock keys: it deletes
+// those that hold the lock's owner token (a reentrant hold keeps a key
+// other holds use) and returns how many were this lock's.
+func releaseKeys(st *Store, x *run) int64 {
 	mine := int64(0)
 	for i := range x.n {
 		v, ok := st.Get(x.keys[i])
@@ -336,16 +354,6 @@ func Release(st *Store, c Call) any {
 			st.Del(x.keys[i])
 			// wake.lua's deleted: PUBLISH of a release notice, no state.
 		}
-	}
-	if x.has("log") {
-		list := x.key("log", 1)
-		for j := x.lay.Arg("log") + 3; j <= len(x.argv); j++ {
-			st.LPush(list, x.argv[j-1])
-		}
-		l, _ := num(x.arg("log", 1))
-		st.LTrim(list, int(l))
-		px, _ := num(x.arg("log", 2))
-		st.PExpire(list, px)
 	}
 	return mine
 }
