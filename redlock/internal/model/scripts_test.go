@@ -40,15 +40,6 @@ func newRedisNode(t *testing.T) *redisNode {
 	return n
 }
 
-// now returns the node's clock in ms.
-func (n *redisNode) now() int64 {
-	tm, err := n.rdb.Time(context.Background()).Result()
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	return tm.UnixMilli()
-}
-
 func (n *redisNode) run(c Call) any {
 	argv := make([]any, len(c.Argv))
 	for i, a := range c.Argv {
@@ -239,13 +230,29 @@ func sameEntry(g Entry, gNow int64, w Entry, wNow int64) bool {
 	return g.Exp == 0 || max(g.Exp-gNow, 0)-max(w.Exp-wNow, 0) <= tolerance && max(w.Exp-wNow, 0)-max(g.Exp-gNow, 0) <= tolerance
 }
 
-// nearExpiry returns how long until every key of st that expires within
-// the tolerance has expired, or 0: a call then would race the expiry.
-func nearExpiry(st Store) time.Duration {
+// nearExpiry returns how long until both copies of every key that
+// expires within the tolerance on either side, a or b, have expired, or 0:
+// a call then would race the expiry. The two copies' expiry times may
+// differ by up to the tolerance (the calls that set them ran that far
+// apart).
+func nearExpiry(a, b Store) time.Duration {
+	// left maps each key of s that expires to its time left (0 if past).
+	left := func(s Store) map[string]int64 {
+		m := map[string]int64{}
+		for _, e := range s.Keys {
+			if e.Exp != 0 {
+				m[e.Key] = max(e.Exp-s.Now, 0)
+			}
+		}
+		return m
+	}
+	la, lb := left(a), left(b)
 	var wait int64
-	for _, e := range st.Keys {
-		if left := e.Exp - st.Now; e.Exp != 0 && left >= 0 && left <= tolerance {
-			wait = max(wait, left+2)
+	for _, m := range []map[string]int64{la, lb} {
+		for k, l := range m {
+			if l <= tolerance {
+				wait = max(wait, la[k]+2, lb[k]+2)
+			}
 		}
 	}
 	return time.Duration(wait) * time.Millisecond
@@ -265,29 +272,30 @@ func newLockstep(t *testing.T) *lockstep {
 }
 
 // sync sets the model's clock to the node's, after waiting out keys about
-// to expire.
-func (ls *lockstep) sync() {
-	ls.model.Now = ls.node.now()
-	// Near expiry by either side's clock: the model's expiry times and
-	// the node's may differ by up to the tolerance.
-	if d := max(nearExpiry(ls.model), nearExpiry(ls.node.store())); d > 0 {
+// to expire, and returns the node's key space as the call will find it.
+func (ls *lockstep) sync() Store {
+	st := ls.node.store()
+	ls.model.Now = st.Now
+	if d := nearExpiry(ls.model, st); d > 0 {
 		time.Sleep(d)
-		ls.model.Now = ls.node.now()
+		st = ls.node.store()
+		ls.model.Now = st.Now
 	}
+	return st
 }
 
 // call runs c on both, compares the replies and the key spaces, and
 // returns the node's reply.
 func (ls *lockstep) call(what string, c Call) any {
 	ls.t.Helper()
-	ls.sync()
+	node := ls.sync()
 	before := ls.model.String()
 	want := c.Run(&ls.model)
 	got := ls.node.run(c)
 	ls.calls++
 	ls.seen[c.Script+":"+replyKind(c.Script, want)] = true
 	if !sameReply(got, want) {
-		ls.t.Fatalf("%s: %s%q %q: redis replied %#v, the model %#v\nmodel before:\n%s", what, c.Script, c.Keys, c.Argv, got, want, before)
+		ls.t.Fatalf("%s: %s%q %q: redis replied %#v, the model %#v\nmodel before:\n%s\nredis before:\n%s", what, c.Script, c.Keys, c.Argv, got, want, before, node.String())
 	}
 	ls.compare(what + ": after " + c.Script)
 	return got
