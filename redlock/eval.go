@@ -63,16 +63,21 @@ type NodeReply struct {
 // returns every node's reply in node order as soon as a quorum of nodes
 // answered (the others' calls still go out; their NodeReply says they
 // were not waited for), or when a quorum can no longer answer, or at the
-// node timeout (the script's own, WithScriptTimeout). It is the way to keep data of one's own beside the locks,
-// on the same nodes and through the same connections (the scheduler's run
-// record): a write reaches each node that answers; a read merges what a
-// quorum of nodes says. The script must follow the rules of Redis scripts
-// (every key it touches in keys).
+// node timeout (the script's own, WithScriptTimeout). It is the way to
+// keep data of one's own beside the locks, on the same nodes and through
+// the same connections (the scheduler's run record): a write reaches each
+// node that answers; a read merges what a quorum of nodes says. The script
+// must follow the rules of Redis scripts (every key it touches in keys).
 //
 // Errors: ErrInvalidArgument for a nil script or a key with a NUL byte (no
 // I/O then); ErrClosed after Close; otherwise, when fewer than a quorum of
-// nodes answered without an error, a *QuorumError matching ErrUnavailable
-// (op "eval"), returned with the replies. Safe for concurrent use.
+// nodes answered without an error, a *QuorumError (op "eval"), returned
+// with the replies, matching ErrUnavailable when nodes failed (no answer,
+// a connection error), ErrMisconfigured when nodes answered with an error
+// an operator must fix (NOPERM for an ACL user without EVAL, say), or both.
+// The script's own error replies (redis.error_reply, a runtime error) are
+// their nodes' NodeReply.Err and count as failures.
+// Safe for concurrent use.
 func (c *Client) Eval(ctx context.Context, s *Script, keys []string, args ...any) ([]NodeReply, error) {
 	if s == nil {
 		return nil, invalidf("the script (Eval) is nil")
@@ -134,9 +139,9 @@ func parseEval(cmd *redis.Cmd) NodeResult {
 // share. One round, returning once a quorum answered (Eval).
 //
 // Errors: ErrInvalidArgument for a bad resource name or empty metadata (no
-// I/O then); ErrClosed after Close; a *QuorumError matching ErrUnavailable
-// (op "eval") when fewer than a quorum of nodes answered. Safe for
-// concurrent use.
+// I/O then); ErrClosed after Close; a *QuorumError (op "eval") when fewer
+// than a quorum of nodes answered, matching ErrUnavailable or
+// ErrMisconfigured as Eval's does. Safe for concurrent use.
 func (c *Client) ReleaseAbandoned(ctx context.Context, resource, metadata, mark string) (int, error) {
 	keys := []string{resource}
 	if mark != "" {

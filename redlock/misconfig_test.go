@@ -473,3 +473,30 @@ func TestNewWarnsAboutNodeSets(t *testing.T) {
 		})
 	}
 }
+
+// TestEvalOnMisconfiguredNodesIsMisconfigured: an Eval that every node
+// refuses with NOPERM (an ACL user without EVAL) is an operator's mistake,
+// not an outage: its error matches ErrMisconfigured and not
+// ErrUnavailable, as Eval's doc says (a reviewer found the doc saying
+// ErrUnavailable).
+func TestEvalOnMisconfiguredNodesIsMisconfigured(t *testing.T) {
+	ctx := context.Background()
+	var nodes []redis.UniversalClient
+	for range 3 {
+		s := redlocktest.StartServer(t)
+		if err := s.Client(t).Do(ctx, "ACL", "SETUSER", "noeval", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha").Err(); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, client(t, s.Addr(), "noeval", "pw"))
+	}
+	c := newClient(t, nodes, redlock.WithLogger(slog.New(slog.DiscardHandler)))
+	_, err := c.Eval(ctx, redlock.NewScript("return 1"), []string{"k"})
+	var q *redlock.QuorumError
+	if !errors.As(err, &q) || q.Op != "eval" {
+		t.Fatalf("Eval = %v, want a *QuorumError of op eval", err)
+	}
+	if !errors.Is(err, redlock.ErrMisconfigured) || errors.Is(err, redlock.ErrUnavailable) {
+		t.Errorf("Eval = %v: want ErrMisconfigured (%v) and not ErrUnavailable (%v)",
+			err, errors.Is(err, redlock.ErrMisconfigured), errors.Is(err, redlock.ErrUnavailable))
+	}
+}
