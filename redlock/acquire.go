@@ -16,7 +16,10 @@ import (
 // DefaultRetry: jittered exponential backoff, at most 30 s) until it holds
 // the lock, ctx ends, or the policy gives up. When a quorum of nodes
 // reports one holder, the wait between rounds ends as soon as that holder
-// releases (WithReleaseNotices). Each round sends one script to every node
+// releases (WithReleaseNotices), and otherwise lasts until the holder's key
+// expires (at most 1 s) if that is longer than the policy's delay, so a
+// policy's rounds may take longer in all than its delays add up to
+// (WithRetry). Each round sends one script to every node
 // in parallel, with the node timeout enforced here; the lock is held when a
 // quorum granted and the validity left (TTL - elapsed - drift, measured
 // from this round's own start) is at least the minimum. A failed round is
@@ -53,8 +56,11 @@ func (c *Client) Acquire(ctx context.Context, resources []string, ttl time.Durat
 	for attempts = 1; ; attempts++ {
 		if c.closed.Load() {
 			l.end()
-			return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired%s: the client is closed",
-				lockName(l.resources), attemptsText(attempts-1))
+			if last == nil {
+				return nil, wrapf([]error{ErrNotAcquired, ErrClosed}, "%s not acquired: the client is closed", lockName(l.resources))
+			}
+			return nil, wrapf([]error{ErrNotAcquired, ErrClosed, last}, "%s not acquired%s: the client is closed; %s: %s",
+				lockName(l.resources), attemptsText(attempts-1), lastAttempt(attempts-1), last.body())
 		}
 		if err := l.nextMetadata(); err != nil {
 			return nil, err

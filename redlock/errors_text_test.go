@@ -233,7 +233,7 @@ func TestLockLostTexts(t *testing.T) {
 	waitSettled(t, c)
 	// Its validity has not ended: the release says what happened before.
 	checkText(t, "Release after a failed Extend", l.Release(ctx), redlock.ErrLockLost, withAddrs(
-		`redlock: lock "a" was already lost: an earlier Extend found it no longer held (its keys are deleted where they remained): `+
+		`redlock: lock "a" was already lost (an Extend found too few nodes still holding it); the release deleted its keys on the nodes that answered and still held them: `+
 			`0 of 1 node released, quorum is 1: {0} no longer holds this lock`, addrs))
 	if ms[0].Exists("a") {
 		t.Error(`key "a" that the losing extension set again is still there`)

@@ -151,7 +151,7 @@ func (l *Lock) keepAlive(ctx context.Context, stop <-chan struct{}, cancel conte
 		case <-t.C:
 		}
 		if !time.Now().Before(deadline) {
-			return l.lose(ctx, cancel, l.lostErr("no extension reached a quorum", failed))
+			return l.lose(ctx, cancel, "no extension reached a quorum", failed)
 		}
 		done, err := l.extendKept(ctx, stop, cancel, ttl, failed)
 		switch {
@@ -188,11 +188,11 @@ func (l *Lock) extendKept(ctx context.Context, stop <-chan struct{}, cancel cont
 			if state, _, _, _ := l.watch(); state == stateReleased { // released meanwhile: not lost
 				return true, l.keepEnded(ctx, cancel, state, nil)
 			}
-			return true, l.lose(ctx, cancel, err)
+			return true, l.lost(ctx, cancel, err)
 		case <-changed:
 			dt.Stop()
 		case <-dt.C:
-			err := l.lose(ctx, cancel, l.lostErr("an extension was still waiting for the nodes", failed))
+			err := l.lose(ctx, cancel, "an extension was still waiting for the nodes", failed)
 			<-res
 			return true, err
 		case <-stop:
@@ -211,7 +211,7 @@ func (l *Lock) keepEnded(ctx context.Context, cancel context.CancelCauseFunc, st
 		cancel(nil)
 		return nil
 	}
-	return l.lose(ctx, cancel, l.lostErr("an Extend found it lost", failed))
+	return l.lose(ctx, cancel, "an Extend found it lost", failed)
 }
 
 // extendEvery returns the time from one extension to the next for ttl:
@@ -245,11 +245,25 @@ func (l *Lock) lostErr(what string, failed error) error {
 	return wrapf([]error{ErrLockLost}, "%s", msg)
 }
 
-// lose marks l lost, cancels fn's ctx with err and logs it.
-func (l *Lock) lose(ctx context.Context, cancel context.CancelCauseFunc, err error) error {
+// lose gives l up because of what happened, after the last extension
+// failed with failed (lostErr): it marks l lost, cancels fn's ctx and logs
+// it.
+func (l *Lock) lose(ctx context.Context, cancel context.CancelCauseFunc, what string, failed error) error {
+	err := l.lostErr(what, failed)
 	l.mu.Lock()
 	if l.state == stateHeld {
-		l.setStateLocked(ctx, stateLost)
+		l.loseLocked(ctx, "Keep gave up on it: "+what)
+	}
+	l.mu.Unlock()
+	return l.lost(ctx, cancel, err)
+}
+
+// lost ends Keep for l, found lost with err (an Extend's, which marked l
+// lost; else it does so here): it cancels fn's ctx with err and logs it.
+func (l *Lock) lost(ctx context.Context, cancel context.CancelCauseFunc, err error) error {
+	l.mu.Lock()
+	if l.state == stateHeld {
+		l.loseLocked(ctx, ErrorText(err))
 	}
 	l.mu.Unlock()
 	trace.SpanFromContext(ctx).AddEvent(tracing.EventLockLost)

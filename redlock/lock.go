@@ -37,6 +37,7 @@ type Lock struct {
 	// (-> lost); watch and changedLocked (changed).
 	mu      sync.Mutex
 	state   lockState
+	lostBy  string // why the state became lost (loseLocked), for Release's error
 	value   string // the last attempt's value: the held lock's once held
 	ttl     time.Duration
 	until   time.Time
@@ -192,6 +193,13 @@ func (l *Lock) setStateLocked(ctx context.Context, to lockState) {
 	l.changedLocked()
 }
 
+// loseLocked marks l lost; why says what found it lost, for Release's
+// error. l.mu is held.
+func (l *Lock) loseLocked(ctx context.Context, why string) {
+	l.lostBy = why
+	l.setStateLocked(ctx, stateLost)
+}
+
 // changedLocked tells the watchers (watch) that the state, until or ttl
 // changed. l.mu is held.
 func (l *Lock) changedLocked() {
@@ -223,7 +231,7 @@ func (l *Lock) checkHeld(ctx context.Context) (value string, until time.Time, er
 	case l.state == stateLost:
 		return "", l.until, wrapf([]error{ErrLockLost}, "%s was already lost", lockName(l.resources))
 	case !time.Now().Before(l.until):
-		l.setStateLocked(ctx, stateLost)
+		l.loseLocked(ctx, "its validity ended before an Extend")
 		return "", l.until, wrapf([]error{ErrLockLost}, "%s lost: its validity ended %v ago", lockName(l.resources), ago(l.until))
 	}
 	return l.value, l.until, nil
@@ -262,10 +270,13 @@ func ago(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecon
 // Errors: ErrInvalidArgument for a bad ttl or nil Lock; ErrClosed after
 // Client.Close; ErrLockLost when Until has passed, the lock was released,
 // or too many nodes no longer hold it; ctx's cause (with the round's
-// *QuorumError) when ctx ended first; otherwise a *QuorumError matching
-// ErrUnavailable (nodes failed, so no quorum confirmed the extension) or
-// ErrMisconfigured (nodes answered with an error an operator must fix). In
-// the last two cases the lock stays valid until its unchanged Until.
+// *QuorumError) when ctx ended first; an error matching no sentinel, with
+// the round's *QuorumError, when a quorum confirmed later than ttl after
+// the round began (a ttl shorter than the nodes take to answer); otherwise
+// a *QuorumError matching ErrUnavailable (nodes failed, so no quorum
+// confirmed the extension) or ErrMisconfigured (nodes answered with an
+// error an operator must fix). In the last three cases the lock stays
+// valid until its unchanged Until.
 // Bounded by the node timeout; ctx can end it sooner.
 func (l *Lock) Extend(ctx context.Context, ttl time.Duration) (err error) {
 	if l == nil {
@@ -339,21 +350,29 @@ func (l *Lock) extended(ctx context.Context, rs []NodeResult, start time.Time, t
 		return wrapf([]error{ErrLockLost}, "%s lost while Extend waited for the nodes: no extension reached a quorum in time", lockName(l.resources))
 	case count(rs, OutcomeOK) >= c.quorum:
 		if v := c.validity(start, ttl); v <= 0 {
-			l.setStateLocked(ctx, stateLost)
-			return wrapf([]error{ErrLockLost}, "%s lost: the nodes took longer than its %v TTL to confirm the extension", lockName(l.resources), ttl)
+			q := newQuorumError("extend", l.resources, c.quorum, rs, false)
+			if left := time.Until(l.until); left > 0 {
+				// The nodes never lower a TTL: the keys a quorum confirmed
+				// hold at least until the unchanged Until.
+				return wrapf([]error{q}, "%s not extended: the nodes took longer than the %v TTL asked to confirm it; it stays valid until its unchanged Until, %v from now: %s",
+					lockName(l.resources), ttl, left.Round(time.Millisecond), q.body())
+			}
+			l.loseLocked(ctx, "its validity ended while an Extend waited for the nodes")
+			return wrapf([]error{ErrLockLost, q}, "%s lost: the nodes took longer than its %v TTL to confirm the extension, and its validity has ended: %s",
+				lockName(l.resources), ttl, q.body())
 		}
 		l.until, l.ttl = start.Add(ttl-c.drift(ttl)), ttl
 		l.changedLocked()
 		return nil
 	case count(rs, OutcomeHeld) > len(rs)-c.quorum:
-		l.setStateLocked(ctx, stateLost)
+		l.loseLocked(ctx, "an Extend found too few nodes still holding it")
 		return newQuorumError("extend", l.resources, c.quorum, rs, false, ErrLockLost)
 	}
 	// Not confirmed, not lost for sure: Until stays, since the nodes never
 	// lower a TTL (scripts/extend.lua), so what they held still holds.
 	switch {
 	case !time.Now().Before(l.until):
-		l.setStateLocked(ctx, stateLost)
+		l.loseLocked(ctx, "its validity ended before a quorum confirmed an Extend")
 		q := newQuorumError("extend", l.resources, c.quorum, rs, ctx.Err() == nil) // unknown because of the nodes, unless ctx cut it
 		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the extension: %s",
 			lockName(l.resources), q.body())
@@ -413,7 +432,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.mu.Lock()
-	prev, until, value, expires := l.state, l.until, l.value, l.keysExpireLocked()
+	prev, lostBy, until, value, expires := l.state, l.lostBy, l.until, l.value, l.keysExpireLocked()
 	l.mu.Unlock()
 	if prev == stateReleased {
 		return nil // defer l.Release(ctx) after an explicit Release: nothing to do
@@ -430,7 +449,7 @@ func (l *Lock) Release(ctx context.Context, opts ...ReleaseOption) (err error) {
 			y.released(l, k.largs[i])
 		}
 	}
-	return l.releaseErr(rs, prev, until, expires)
+	return l.releaseErr(rs, prev, lostBy, until, expires)
 }
 
 // refusedBeforeDelete reports whether no node deleted anything in the
@@ -451,9 +470,9 @@ func refusedBeforeDelete(rs []NodeResult, quorum int) bool {
 }
 
 // releaseErr returns Release's error for the release round rs of a Lock
-// that was in state prev, valid until until, with keys that expire at
-// expires at the latest.
-func (l *Lock) releaseErr(rs []NodeResult, prev lockState, until, expires time.Time) error {
+// that was in state prev (lost because lostBy), valid until until, with
+// keys that expire at expires at the latest.
+func (l *Lock) releaseErr(rs []NodeResult, prev lockState, lostBy string, until, expires time.Time) error {
 	c := l.c
 	ok, left := count(rs, OutcomeOK), keysLeft(rs)
 	switch {
@@ -465,8 +484,8 @@ func (l *Lock) releaseErr(rs []NodeResult, prev lockState, until, expires time.T
 			lockName(l.resources), left, untilText(expires), q.body())
 	case prev == stateLost && time.Now().Before(until):
 		q := newQuorumError("release", l.resources, c.quorum, rs, false)
-		return wrapf([]error{ErrLockLost, q}, "%s was already lost: an earlier Extend found it no longer held (its keys are deleted where they remained): %s",
-			lockName(l.resources), q.body())
+		return wrapf([]error{ErrLockLost, q}, "%s was already lost (%s); the release deleted its keys on the nodes that answered and still held them: %s",
+			lockName(l.resources), lostBy, q.body())
 	case !time.Now().Before(until) || prev == stateLost:
 		q := newQuorumError("release", l.resources, c.quorum, rs, false)
 		return wrapf([]error{ErrLockLost, q}, "%s lost: its validity ended before a quorum confirmed the release (its keys are deleted where they remained): %s",

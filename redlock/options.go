@@ -207,8 +207,11 @@ func WithLogger(l *slog.Logger) Option {
 // BackOff between goroutines). NextBackOff gives the delay before the next
 // attempt; backoff.Stop ends Acquire with the last round's error. When a
 // quorum of nodes reports one holder and release notices are on, the wait
-// ends as soon as that holder releases, and lasts at most until its key
-// expires (at most 1 s) rather than the policy's delay. After a split
+// ends as soon as that holder releases; otherwise it lasts until the
+// holder's key expires, at most 1 s, when that is longer than the policy's
+// delay (asking again sooner cannot succeed: the notice comes first), so a
+// policy of a few short retries may take up to 1 s per retry against a
+// live holder. After a split
 // vote (no holder has a quorum; the contenders undo their minorities, so
 // the resource is free), the delay is a random 1-15 ms instead, doubling
 // with each split vote in a row up to the policy's delay: a shorter delay
