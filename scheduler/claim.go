@@ -26,6 +26,10 @@ type jobState struct {
 	requests []*request
 	busy     int      // Locks in flight and runs in progress here
 	run      *runLock // the run in progress here, if any
+	// ran is the metadata of the latest run of the job here (its run
+	// lock's and its record's): a run lock of it found later was left by a
+	// run whose release failed, not by a failed attempt (orphan).
+	ran string
 }
 
 // A request is a run asked for by RunNow (at zero) or a catch-up (at the

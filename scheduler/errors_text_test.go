@@ -70,7 +70,8 @@ func TestLockerOptionTexts(t *testing.T) {
 		{"no history", c, []scheduler.LockerOption{scheduler.WithHistoryLength(0)},
 			"scheduler: invalid argument: history length 0 (WithHistoryLength) must be between 1 and 10000"},
 		{"short retention", c, []scheduler.LockerOption{scheduler.WithRecordRetention(time.Second)},
-			"scheduler: invalid argument: record retention 1s (WithRecordRetention) is below the misfire threshold 1m0s"},
+			"scheduler: invalid argument: record retention 1s (WithRecordRetention) is below 1m2s: a scheduled time's record must outlive its last Lock, " +
+				"up to the misfire threshold 1m0s (or catch-up window 0s) plus the lock timeout 1s after it, on a clock up to the clock tolerance 1s behind"},
 		{"fast fleet poll", c, []scheduler.LockerOption{scheduler.WithFleetPoll(time.Millisecond)},
 			"scheduler: invalid argument: fleet poll 1ms (WithFleetPoll) must be between 10ms and 1m"},
 		{"slow fleet poll", c, []scheduler.LockerOption{scheduler.WithFleetPoll(time.Hour)},
@@ -117,7 +118,8 @@ func TestLockerRejectsTTLsTheClientRejects(t *testing.T) {
 	if _, err := scheduler.NewLocker(gated(10 * time.Second)); err != nil {
 		t.Errorf("NewLocker, gate 10s, default misfire threshold: %v, want it lowered to the gate", err)
 	}
-	if _, err := scheduler.NewLocker(gated(3*time.Second), scheduler.WithTTL(3*time.Second), scheduler.WithLockTimeout(math.MaxInt64)); err != nil {
+	if _, err := scheduler.NewLocker(gated(3*time.Second), scheduler.WithTTL(3*time.Second), scheduler.WithLockTimeout(math.MaxInt64),
+		scheduler.WithRecordRetention(math.MaxInt64)); err != nil {
 		t.Errorf("NewLocker, gate 3s, TTL 3s, lock timeout math.MaxInt64: %v", err)
 	}
 }

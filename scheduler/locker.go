@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -74,7 +75,8 @@ type Locker struct {
 // and name the bad value: a nil client, a TTL below 10 ms, a negative clock
 // tolerance, a tick resolution below 1 ms, a lock timeout <= 0, a misfire
 // threshold below 1 ms, a negative catch-up window, a history length out
-// of 1..10,000, a retention below the misfire threshold, a run lock TTL
+// of 1..10,000, a retention below the misfire threshold (or catch-up
+// window) plus the lock timeout and the clock tolerance, a run lock TTL
 // that the Client rejects (redlock.Client.CheckTTL: e.g. above its
 // restart gate), and a misfire threshold or catch-up window above the
 // Client's restart gate.
@@ -179,14 +181,57 @@ func (cfg *lockerConfig) validateRecords(client *redlock.Client) error {
 		return invalidf("catch-up window %v (WithCatchUp) is negative", cfg.catchUp)
 	case cfg.history < 1 || cfg.history > maxHistory:
 		return invalidf("history length %d (WithHistoryLength) must be between 1 and %d", cfg.history, maxHistory)
-	case cfg.retention < cfg.misfire:
-		return invalidf("record retention %v (WithRecordRetention) is below the misfire threshold %v", cfg.retention, cfg.misfire)
+	case cfg.retention < cfg.minRetention():
+		return invalidf("record retention %v (WithRecordRetention) is below %v: a scheduled time's record must outlive its last Lock, "+
+			"up to the misfire threshold %v (or catch-up window %v) plus the lock timeout %v after it, on a clock up to the clock tolerance %v behind",
+			cfg.retention, cfg.minRetention(), cfg.misfire, cfg.catchUp, cfg.lockTimeout, cfg.tolerance)
 	}
 	if gate := client.RestartGate(); gate > 0 && max(cfg.misfire, cfg.catchUp) > gate {
 		return invalidf("misfire threshold %v (WithMisfireThreshold) or catch-up window %v (WithCatchUp) is above the redlock Client's restart gate %v (redlock.WithRestartGating): "+
 			"a node restarted without its data rejoins after the gate, and a run later than that could find its scheduled time free", cfg.misfire, cfg.catchUp, gate)
 	}
 	return nil
+}
+
+// minRetention is the shortest record retention that keeps the record of
+// a scheduled time until every Lock of it has passed: the latest is the
+// misfire threshold (or the catch-up window) and a lock timeout after the
+// scheduled time, on an instance whose clock is up to the clock tolerance
+// behind the one that ran it. Saturates at the largest Duration.
+func (cfg *lockerConfig) minRetention() time.Duration {
+	d := max(cfg.misfire, cfg.catchUp)
+	for _, x := range []time.Duration{cfg.lockTimeout, cfg.tolerance} {
+		if d > math.MaxInt64-x {
+			return math.MaxInt64
+		}
+		d += x
+	}
+	return d
+}
+
+// retention returns how long job's records stay on the nodes after a
+// write: the record retention (WithRecordRetention), or, for a job whose
+// scheduled times are further apart, two of its intervals from now plus
+// the shortest retention NewLocker accepts (minRetention), so that the run
+// after a missed scheduled time still finds the record of the one before
+// it and reports the miss (a monthly job with the 30-day default).
+func (l *Locker) retention(job string) time.Duration {
+	l.mu.Lock()
+	tt := l.state(job).table
+	l.mu.Unlock()
+	if tt == nil {
+		return l.cfg.retention
+	}
+	now := l.cfg.clock.Now()
+	t2 := tt.next(tt.next(now))
+	if t2.IsZero() {
+		return l.cfg.retention
+	}
+	span := t2.Sub(now)
+	if floor := l.cfg.minRetention(); span <= math.MaxInt64-floor {
+		span += floor
+	}
+	return max(l.cfg.retention, span)
 }
 
 // setDefaults fills in the defaults that cost something to make.
@@ -460,6 +505,7 @@ func (l *Locker) start(ctx, sctx context.Context, span trace.Span, job string, c
 	l.mu.Lock()
 	l.runs[ctx] = rl
 	l.state(job).run = rl
+	l.state(job).ran = run.Metadata()
 	l.mu.Unlock()
 	rl.watch()
 	return rl
@@ -623,7 +669,7 @@ func (r *runLock) Unlock(ctx context.Context) error {
 		dctx := trace.ContextWithSpan(context.WithoutCancel(ctx), r.span)
 		// The run record's entries go with the release, in its script.
 		entries := encode(r.job, append(r.l.missed(dctx, r.job, r.claim, r.run.PreviousMark()), r.entry(lost)))
-		rerr := r.run.Release(dctx, redlock.WithReleaseLog(r.l.historyKey(r.job), r.l.cfg.history, r.l.cfg.retention, entries...))
+		rerr := r.run.Release(dctx, redlock.WithReleaseLog(r.l.historyKey(r.job), r.l.cfg.history, r.l.retention(r.job), entries...))
 		// Forgotten after the release: until then a Lock of the job that
 		// finds the run lock held by this instance knows it is this run.
 		r.l.mu.Lock()

@@ -116,9 +116,10 @@ func WithTTL(d time.Duration) LockerOption { return func(c *lockerConfig) { c.tt
 
 // WithClockTolerance sets the largest difference between two instances'
 // clocks (as seen by their gocron schedulers) that the Locker takes
-// without a clock_skew warning; it changes nothing else. Each scheduled
-// time runs at most once whatever the difference, on the instance whose
-// clock is ahead. Every Lock refused by another instance's record
+// without a clock_skew warning; it changes nothing else but the shortest
+// record retention NewLocker accepts (WithRecordRetention). Each scheduled
+// time runs at most once whatever the difference (up to about the record
+// retention, 30 days by default), on the instance whose clock is ahead. Every Lock refused by another instance's record
 // measures the difference (docs/scheduling.md).
 // Default DefaultClockTolerance (1 s); NewLocker rejects negative values and
 // values of a day or more; 0 warns at any difference above 50 ms.
@@ -230,8 +231,16 @@ func WithHistoryLength(n int) LockerOption { return func(c *lockerConfig) { c.hi
 // WithRecordRetention sets how long a job's run record and its record of
 // the latest scheduled time taken stay on the nodes after its last write:
 // a job that does not run for longer loses its history, and its next run
-// cannot report what it missed meanwhile. Default DefaultRecordRetention
-// (30 days); NewLocker rejects values below the misfire threshold.
+// cannot report what it missed meanwhile. The record of a scheduled time
+// must outlive its last Lock, so NewLocker rejects values below the
+// misfire threshold (or the catch-up window, if longer) plus the lock
+// timeout and the clock tolerance (1m2s with the defaults); instances
+// whose clocks differ by more than the retention less those two and the
+// misfire threshold could run a scheduled time twice. A job whose
+// scheduled times are further apart (a monthly job) keeps its records
+// longer: two of its intervals plus that minimum, so that the run after a
+// missed scheduled time still finds the one before and reports the miss.
+// Default DefaultRecordRetention (30 days).
 func WithRecordRetention(d time.Duration) LockerOption {
 	return func(c *lockerConfig) { c.retention = d }
 }

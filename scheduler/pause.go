@@ -189,7 +189,7 @@ func (l *Locker) skipPaused(ctx context.Context, span trace.Span, job string, c 
 	e := &runError{kind: errPaused, job: job, claim: c}
 	entry := Run{Kind: c.kind, Scheduled: c.at, Instance: l.cfg.instance, Started: now, Outcome: outcomePaused}
 	entries := encode(job, append(l.missed(dctx, job, c, run.PreviousMark()), entry))
-	if err := run.Release(dctx, redlock.WithReleaseLog(l.historyKey(job), l.cfg.history, l.cfg.retention, entries...)); err != nil {
+	if err := run.Release(dctx, redlock.WithReleaseLog(l.historyKey(job), l.cfg.history, l.retention(job), entries...)); err != nil {
 		l.log.Warn("scheduler: release of a paused job's run lock failed; the lock expires with its TTL", "job", job, "err", err)
 	}
 	l.done(job, nil)

@@ -84,7 +84,7 @@ return redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)`)
 // node timeout. A failed write is logged: the run record is best effort,
 // the runs themselves are not affected.
 func (l *Locker) record(ctx context.Context, job string, entries ...Run) {
-	args := []any{l.cfg.history, l.cfg.retention.Milliseconds()}
+	args := []any{l.cfg.history, l.retention(job).Milliseconds()}
 	for _, e := range encode(job, entries) {
 		args = append(args, e)
 	}

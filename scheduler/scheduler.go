@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +35,8 @@ var _ gocron.Scheduler = (*Scheduler)(nil)
 //   - a duration job (gocron.DurationJob(d)) is anchored to the wall-clock
 //     grid of multiples of d (gocron.WithStartAt with the current time
 //     rounded down to d), so that instances started at different times
-//     fire at the same instants;
+//     fire at the same instants; it replaces a start time of the caller's
+//     (gocron.WithStartDateTime: use a cron job for one);
 //   - the jobs NewJob, Update and Jobs return run RunNow as a manual run
 //     (Job.RunNow), and Start catches up (WithCatchUp).
 //
@@ -104,8 +106,8 @@ func WithMonitor(m gocron.MonitorStatus) Option {
 
 // New returns a gocron scheduler whose jobs are locked through client with a
 // new Locker. Like gocron.NewScheduler it starts nothing until Start.
-// Errors: those of NewLocker (matching redlock.ErrInvalidArgument) and of
-// gocron.NewScheduler.
+// Errors: those of NewLocker (matching redlock.ErrInvalidArgument), a nil
+// Option or gocron option (the same), and those of gocron.NewScheduler.
 func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
 	var cfg schedConfig
 	for i, o := range opts {
@@ -113,6 +115,11 @@ func New(client *redlock.Client, opts ...Option) (*Scheduler, error) {
 			return nil, invalidf("option %d of %d is nil", i+1, len(opts))
 		}
 		o(&cfg)
+	}
+	for i, o := range cfg.gocron {
+		if o == nil {
+			return nil, invalidf("gocron option %d of %d (WithGocronOptions) is nil", i+1, len(cfg.gocron))
+		}
 	}
 	locker, err := NewLocker(client, cfg.locker...)
 	if err != nil {
@@ -199,8 +206,12 @@ func (s *Scheduler) History(ctx context.Context, job string, n int) ([]Run, erro
 
 // NewJob is gocron's NewJob with the checks described on Scheduler. On an
 // error no job is left in the scheduler. The Job it returns runs
-// RunNow as a manual run (Job.RunNow).
+// RunNow as a manual run (Job.RunNow). A nil def, task or job option is
+// an error matching redlock.ErrInvalidArgument (gocron would panic).
 func (s *Scheduler) NewJob(def gocron.JobDefinition, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
+	if err := checkJob("NewJob", def, task, opts); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	j, err := s.Scheduler.NewJob(def, task, opts...)
@@ -212,8 +223,13 @@ func (s *Scheduler) NewJob(def gocron.JobDefinition, task gocron.Task, opts ...g
 
 // Update is gocron's Update with the checks described on Scheduler. gocron
 // has replaced the job's definition before the checks run, so a job whose
-// new definition fails them is removed, not restored.
+// new definition fails them is removed, not restored. A nil def, task or
+// job option is an error matching redlock.ErrInvalidArgument, and the job
+// stays as it was.
 func (s *Scheduler) Update(id uuid.UUID, def gocron.JobDefinition, task gocron.Task, opts ...gocron.JobOption) (gocron.Job, error) {
+	if err := checkJob("Update", def, task, opts); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	j, err := s.Scheduler.Update(id, def, task, opts...)
@@ -221,6 +237,23 @@ func (s *Scheduler) Update(id uuid.UUID, def gocron.JobDefinition, task gocron.T
 		return nil, err
 	}
 	return s.settle(j, def, task, opts)
+}
+
+// checkJob rejects the nil arguments of NewJob and Update (call), which
+// gocron would panic on.
+func checkJob(call string, def gocron.JobDefinition, task gocron.Task, opts []gocron.JobOption) error {
+	switch {
+	case def == nil:
+		return invalidf("the job definition (%s) is nil", call)
+	case task == nil:
+		return invalidf("the task (%s) is nil", call)
+	}
+	for i, o := range opts {
+		if o == nil {
+			return invalidf("job option %d of %d (%s) is nil", i+1, len(opts), call)
+		}
+	}
+	return nil
 }
 
 // Jobs is gocron's Jobs, each as a Job whose RunNow is a manual run.
@@ -335,7 +368,11 @@ func (j *Job) runNow(ctx context.Context) error {
 		l.cancel(j.Name(), r)
 		return err
 	}
-	t := time.NewTimer(l.cfg.lockTimeout + 5*time.Second)
+	wait := l.cfg.lockTimeout + 5*time.Second
+	if wait < l.cfg.lockTimeout {
+		wait = math.MaxInt64 // a lock timeout within 5 s of the largest Duration
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case err := <-r.done:

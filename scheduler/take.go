@@ -103,8 +103,9 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 // nowhere, which a winner that died between the node asked first and the
 // others leaves raised on that node alone.
 func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redlock.LockOption {
+	keep := l.retention(job)
 	opts := []redlock.LockOption{
-		redlock.WithMetadataFunc(l.metadata),
+		redlock.WithMetadataFunc(func() string { return l.metadata(keep) }),
 		redlock.WithNodeTimeout(max(l.client.NodeTimeout(), (bound / 2).Truncate(time.Millisecond))),
 		redlock.WithRetry(retryPolicy),
 		redlock.WithReleaseNotices(false),
@@ -113,20 +114,20 @@ func (l *Locker) acquireOptions(job string, c claim, bound time.Duration) []redl
 	}
 	switch c.kind {
 	case kindScheduled:
-		opts = append(opts, redlock.WithHighWaterFirst(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
+		opts = append(opts, redlock.WithHighWaterFirst(l.takenKey(job), c.at.UnixMilli(), keep))
 	case kindCatchUp: // every node: the node asked first may hold the record of the winner that left the time unrun
-		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), l.cfg.retention))
+		opts = append(opts, redlock.WithHighWater(l.takenKey(job), c.at.UnixMilli(), keep))
 	}
 	return opts
 }
 
 // metadata returns the metadata of a run lock and record of scheduled
-// times, read at the start of each attempt: "<instance>@<clock in Unix
-// ms>/<nonce>/<record retention in ms>". The clock check (checkRecord)
-// reads it.
-func (l *Locker) metadata() string {
+// times kept for keep, read at the start of each attempt:
+// "<instance>@<clock in Unix ms>/<nonce>/<record retention in ms>". The
+// clock check (checkRecord) reads it.
+func (l *Locker) metadata(keep time.Duration) string {
 	return l.cfg.instance + clockSep + strconv.FormatInt(l.cfg.clock.Now().UnixMilli(), 10) + nonceSep + l.nonce +
-		nonceSep + strconv.FormatInt(l.cfg.retention.Milliseconds(), 10)
+		nonceSep + strconv.FormatInt(keep.Milliseconds(), 10)
 }
 
 // judge classifies a failed round: final errors end the Lock, the others
@@ -205,7 +206,15 @@ func (l *Locker) refusedBy(ctx context.Context, job string, c claim, r redlock.N
 // that no run of this Locker took it.
 func (l *Locker) ownLeftover(job string, c claim, kind int, r redlock.NodeResult) bool {
 	own := kind == errRunning || kind == errTaken && c.kind == kindScheduled && r.HolderMark == c.at.UnixMilli()
-	return own && l.alone(job)
+	return own && l.alone(job) && (kind == errRunning || !l.ranHere(job, r.Holder))
+}
+
+// ranHere reports whether holder is the metadata of the latest run of job
+// on this Locker (jobState.ran): the record it raised is a run's.
+func (l *Locker) ranHere(job, holder string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state(job).ran == holder
 }
 
 // alone reports whether the calling Lock is the only one of job in
@@ -224,8 +233,15 @@ func (l *Locker) alone(job string) bool {
 // and puts back its record (redlock.Client.ReleaseAbandoned) and has the
 // round retried; when that fails, the Lock fails with an error that names
 // the leftover and matches redlock.ErrUnavailable, never ErrHeldElsewhere.
+// A run lock of this Locker's latest run (jobState.ran), whose release
+// failed, is deleted alone: that run took its scheduled time, and its
+// record stays.
 func (l *Locker) orphan(ctx context.Context, job string, c claim, holder string, e *runError) (bool, error) {
-	n, err := l.client.ReleaseAbandoned(context.WithoutCancel(ctx), l.runKey(job), holder, l.takenKey(job))
+	mark := l.takenKey(job)
+	if l.ranHere(job, holder) {
+		mark = ""
+	}
+	n, err := l.client.ReleaseAbandoned(context.WithoutCancel(ctx), l.runKey(job), holder, mark)
 	if err == nil && n > 0 {
 		l.log.Warn("scheduler: deleted a run lock that an earlier failed attempt of this instance left on the nodes",
 			"job", job, "nodes", n)
