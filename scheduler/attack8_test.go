@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -261,5 +262,28 @@ func monthlyMiss(t *testing.T, extra ...scheduler.LockerOption) {
 	runs, err := l.History(ctx, "monthly", 10)
 	if err != nil || len(runs) != 3 {
 		t.Errorf("History = %d entries, %v; want January's run, February's miss and March's run", len(runs), err)
+	}
+}
+
+// TestTooFineAScheduleIsNamed: with a tick resolution of 1 ms a Lock's
+// bound (it ends before the job's next scheduled time) is 1 ms, shorter
+// than any round on these nodes (5 ms each way), and every Lock failed with
+// "Redis unavailable" and nothing else: an operator's choice reported as
+// an outage. The error now says that the schedule is too fine.
+func TestTooFineAScheduleIsNamed(t *testing.T) {
+	cl := redlocktest.Start(t, 3)
+	nodes, prox := ctxTimeoutProxied(t, cl)
+	for _, p := range prox {
+		p.SetLatency(5 * time.Millisecond)
+	}
+	l, err := scheduler.NewLocker(newRedlock(t, nodes), scheduler.WithTickResolution(time.Millisecond),
+		scheduler.WithLockJitter(0), scheduler.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Lock(context.Background(), "job")
+	t.Logf("Lock: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "a schedule this fine leaves no time for a round") {
+		t.Errorf("Lock with a 1 ms tick resolution = %v, want it to name the schedule", err)
 	}
 }

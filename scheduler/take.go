@@ -81,8 +81,13 @@ func (l *Locker) expired(ctx context.Context, job string, c claim, err error, ju
 	if last != nil {
 		return last
 	}
+	hint := ""
+	if bound < l.client.NodeTimeout() && bound < l.cfg.lockTimeout {
+		hint = fmt.Sprintf(" (it ends before the job's next scheduled time, %v away, and is shorter than the nodes' %v timeout: "+
+			"a schedule this fine leaves no time for a round; use a coarser one)", gapTo(c).Round(time.Microsecond), l.client.NodeTimeout())
+	}
 	return l.fail(job, c, errUnavailable, &textError{errs: []error{redlock.ErrUnavailable, err},
-		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock: %s", bound.Round(time.Millisecond), redlock.ErrorText(err))})
+		msg: fmt.Sprintf("no quorum answered within the %v bound of its Lock%s: %s", bound.Round(time.Microsecond), hint, redlock.ErrorText(err))})
 }
 
 // acquireOptions returns the options of a claim's Acquire. Each round
