@@ -13,7 +13,8 @@ import (
 
 // Acquire takes a lock on all resources at once (all or nothing on each
 // node), retrying quorum rounds with the retry policy (WithRetry; default
-// DefaultRetry: jittered exponential backoff, at most 30 s) until it holds
+// DefaultRetry: jittered exponential backoff, giving up after 30 s, or up
+// to 1 s later after a wait stretched to a holder's expiry) until it holds
 // the lock, ctx ends, or the policy gives up. When a quorum of nodes
 // reports one holder, the wait between rounds ends as soon as that holder
 // releases (WithReleaseNotices), and otherwise lasts until the holder's key
