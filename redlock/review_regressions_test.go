@@ -159,97 +159,17 @@ func TestAcquireClosedKeepsTheLastRound(t *testing.T) {
 	}
 }
 
-// TestMultiResourceExclusionUnderFaults: the model explores locks
-// on one resource only (docs/safety.md, "Left out": "locks on several
-// resources (compared, not explored)"). Here clients take overlapping
-// sets of resources, by Acquire and TryAcquire (SET NX GET for one
-// resource), extend them (also to shorter TTLs) and release them, each
-// through its own proxies with random latency and black holes. A holder
-// believes it holds from Acquire's return until min(Until, the start of
-// its Release); no two beliefs on one resource may overlap.
+// TestMultiResourceExclusionUnderFaults: the model explores locks on one
+// resource only (docs/safety.md, "Left out": "locks on several resources
+// (compared, not explored)"). Here clients take overlapping sets of
+// resources (stressHolds); no two holds of one resource may overlap.
 func TestMultiResourceExclusionUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a stress run")
 	}
-	cl := redlocktest.Start(t, 3)
-	type hold struct {
-		from, to time.Time
-		who      int
-	}
-	var mu sync.Mutex
-	holds := map[string][]hold{}
-	resources := []string{"a", "b", "c"}
-	const clients = 6
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for w := range clients {
-		nodes, proxies := ctxTimeoutProxied(t, cl, 0)
-		c := newClient(t, nodes, redlock.WithNodeTimeout(60*time.Millisecond), redlock.WithLogger(slog.New(slog.DiscardHandler)))
-		rng := rand.New(rand.NewPCG(uint64(w), 7))
-		wg.Go(func() {
-			defer func() {
-				for _, p := range proxies {
-					p.Heal()
-				}
-			}()
-			for ctx.Err() == nil {
-				for _, p := range proxies {
-					switch rng.IntN(10) {
-					case 0:
-						p.Blackhole(true)
-					case 1, 2:
-						p.SetLatency(time.Duration(rng.IntN(80)) * time.Millisecond)
-					default:
-						p.Heal()
-					}
-				}
-				var rs []string
-				for _, r := range resources {
-					if rng.IntN(2) == 0 {
-						rs = append(rs, r)
-					}
-				}
-				if len(rs) == 0 {
-					rs = []string{resources[rng.IntN(3)]}
-				}
-				ttl := time.Duration(150+rng.IntN(300)) * time.Millisecond
-				var l *redlock.Lock
-				var err error
-				if rng.IntN(2) == 0 {
-					l, err = c.TryAcquire(ctx, rs, ttl)
-				} else {
-					actx, acancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					l, err = c.Acquire(actx, rs, ttl, redlock.WithRetry(fastRetry))
-					acancel()
-				}
-				if err != nil {
-					continue
-				}
-				from := time.Now()
-				for range rng.IntN(3) {
-					time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
-					_ = l.Extend(ctx, time.Duration(50+rng.IntN(400))*time.Millisecond)
-				}
-				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
-				to := time.Now()
-				if u := l.Until(); u.Before(to) {
-					to = u
-				}
-				mu.Lock()
-				for _, r := range rs {
-					holds[r] = append(holds[r], hold{from, to, w})
-				}
-				mu.Unlock()
-				_ = l.Release(context.Background())
-			}
-		})
-	}
-	wg.Wait()
 	n := 0
-	for r, hs := range holds {
+	for r, hs := range stressHolds(t, func(int) []redlock.LockOption { return nil }) {
 		n += len(hs)
-		slices.SortFunc(hs, func(x, y hold) int { return x.from.Compare(y.from) })
 		for i := 1; i < len(hs); i++ {
 			for j := range i {
 				if hs[j].to.After(hs[i].from) && hs[j].from.Before(hs[i].to) {
@@ -263,36 +183,69 @@ func TestMultiResourceExclusionUnderFaults(t *testing.T) {
 }
 
 // TestFencedReentrantMultiResourceUnderFaults: as
-// TestReviewMultiResourceExclusionUnderFaults, with fencing on every lock
-// and clients 0 and 1 sharing an owner (WithOwner): holds of different
-// owners never overlap, and of two successive holds of different owners
-// the later has the larger token (fencing.go, FencingToken: "strictly
-// increases across successive holders"); the model explores locks
-// on one resource only (docs/safety.md, "Left out": "locks on several
-// resources (compared, not explored)"). Here clients take overlapping
-// sets of resources, by Acquire and TryAcquire (SET NX GET for one
-// resource), extend them (also to shorter TTLs) and release them, each
-// through its own proxies with random latency and black holes. A holder
-// believes it holds from Acquire's return until min(Until, the start of
-// its Release); no two beliefs on one resource may overlap.
+// TestMultiResourceExclusionUnderFaults, with fencing on every lock and
+// clients 0 and 1 sharing an owner (WithOwner): holds of different owners
+// never overlap, and of two successive holds of different owners the
+// later has the larger token (FencingToken: "strictly increases across
+// successive holders").
 func TestFencedReentrantMultiResourceUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a stress run")
 	}
-	cl := redlocktest.Start(t, 3)
-	type hold struct {
-		from, to time.Time
-		who      int
-		token    uint64
+	n := 0
+	holds := stressHolds(t, func(w int) []redlock.LockOption {
+		if w < 2 {
+			return []redlock.LockOption{redlock.WithFencing(true), redlock.WithOwner("o1")}
+		}
+		return []redlock.LockOption{redlock.WithFencing(true)}
+	})
+	for r, hs := range holds {
+		n += len(hs)
+		for i := range hs {
+			if hs[i].token == 0 {
+				t.Errorf("resource %s: client %d held a fenced lock without a token", r, hs[i].who)
+			}
+			for j := range i {
+				if hs[j].who < 2 && hs[i].who < 2 {
+					continue // one owner: they may share
+				}
+				if !hs[j].to.After(hs[i].from) && hs[j].token >= hs[i].token {
+					t.Errorf("resource %s: client %d got token %d after client %d held it with token %d",
+						r, hs[i].who, hs[i].token, hs[j].who, hs[j].token)
+				}
+				if hs[j].to.After(hs[i].from) && hs[j].from.Before(hs[i].to) {
+					t.Errorf("resource %s: client %d held it until %v after client %d acquired it",
+						r, hs[j].who, hs[j].to.Sub(hs[i].from), hs[i].who)
+				}
+			}
+		}
 	}
+	t.Logf("%d holds checked", n)
+}
+
+// stressHold is one hold of a resource in stressHolds: a holder believes
+// it holds from Acquire's return until min(Until, the start of its
+// Release).
+type stressHold struct {
+	from, to time.Time
+	who      int
+	token    uint64
+}
+
+// stressHolds has 6 clients take overlapping sets of 3 resources for 8 s,
+// by Acquire and TryAcquire (SET NX GET for one resource) with the
+// options opts(client), extend them (also to shorter TTLs) and release
+// them, each through its own proxies with random latency and black holes;
+// it returns each resource's holds, in order of their start.
+func stressHolds(t *testing.T, opts func(client int) []redlock.LockOption) map[string][]stressHold {
+	cl := redlocktest.Start(t, 3)
 	var mu sync.Mutex
-	holds := map[string][]hold{}
+	holds := map[string][]stressHold{}
 	resources := []string{"a", "b", "c"}
-	const clients = 6
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	for w := range clients {
+	for w := range 6 {
 		nodes, proxies := ctxTimeoutProxied(t, cl, 0)
 		c := newClient(t, nodes, redlock.WithNodeTimeout(60*time.Millisecond), redlock.WithLogger(slog.New(slog.DiscardHandler)))
 		rng := rand.New(rand.NewPCG(uint64(w), 7))
@@ -325,15 +278,11 @@ func TestFencedReentrantMultiResourceUnderFaults(t *testing.T) {
 				ttl := time.Duration(150+rng.IntN(300)) * time.Millisecond
 				var l *redlock.Lock
 				var err error
-				opts := []redlock.LockOption{redlock.WithFencing(true)}
-				if w < 2 {
-					opts = append(opts, redlock.WithOwner("o1"))
-				}
 				if rng.IntN(2) == 0 {
-					l, err = c.TryAcquire(ctx, rs, ttl, opts...)
+					l, err = c.TryAcquire(ctx, rs, ttl, opts(w)...)
 				} else {
 					actx, acancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					l, err = c.Acquire(actx, rs, ttl, append(opts, redlock.WithRetry(fastRetry))...)
+					l, err = c.Acquire(actx, rs, ttl, append(opts(w), redlock.WithRetry(fastRetry))...)
 					acancel()
 				}
 				if err != nil {
@@ -351,10 +300,7 @@ func TestFencedReentrantMultiResourceUnderFaults(t *testing.T) {
 				}
 				mu.Lock()
 				for _, r := range rs {
-					if l.FencingToken() == 0 {
-						t.Errorf("a fenced lock without a token")
-					}
-					holds[r] = append(holds[r], hold{from, to, w, l.FencingToken()})
+					holds[r] = append(holds[r], stressHold{from, to, w, l.FencingToken()})
 				}
 				mu.Unlock()
 				_ = l.Release(context.Background())
@@ -362,23 +308,8 @@ func TestFencedReentrantMultiResourceUnderFaults(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	n := 0
-	for r, hs := range holds {
-		n += len(hs)
-		slices.SortFunc(hs, func(x, y hold) int { return x.from.Compare(y.from) })
-		for i := 1; i < len(hs); i++ {
-			for j := range i {
-				same := hs[j].who < 2 && hs[i].who < 2 // one owner: they may share
-				if !same && !hs[j].to.After(hs[i].from) && hs[j].token >= hs[i].token {
-					t.Errorf("resource %s: client %d got token %d after client %d held it with token %d",
-						r, hs[i].who, hs[i].token, hs[j].who, hs[j].token)
-				}
-				if !same && hs[j].to.After(hs[i].from) && hs[j].from.Before(hs[i].to) {
-					t.Errorf("resource %s: client %d held it until %v after client %d acquired it",
-						r, hs[j].who, hs[j].to.Sub(hs[i].from), hs[i].who)
-				}
-			}
-		}
+	for _, hs := range holds {
+		slices.SortFunc(hs, func(x, y stressHold) int { return x.from.Compare(y.from) })
 	}
-	t.Logf("%d holds checked", n)
+	return holds
 }
