@@ -287,3 +287,64 @@ func TestTooFineAScheduleIsNamed(t *testing.T) {
 		t.Errorf("Lock with a 1 ms tick resolution = %v, want it to name the schedule", err)
 	}
 }
+
+// TestLeftoverWithAManualRunsMetadataIsPutBack: a failed attempt made at
+// the same clock reading as the latest run (a frozen test clock; a manual
+// run a moment before) writes the same metadata. With the latest run
+// remembered by its metadata (see
+// TestManualRunAfterAFailedReleaseKeepsTheRecord), its leftover record of
+// 12:00:00 on 2 of 3 nodes was taken for a run's, the Lock of 12:00:00
+// was refused ("a" took it: this very instance) and the time ran nowhere.
+// Manual runs take no scheduled time and are not remembered: the leftover
+// is put back and 12:00:00 runs. (A second attacker found it.)
+func TestLeftoverWithAManualRunsMetadataIsPutBack(t *testing.T) {
+	c, ms := miniClient(t, 3)
+	at := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	clock := clockwork.NewFakeClockAt(at) // frozen: every reading is 12:00:00.000
+	s, err := scheduler.New(c, scheduler.WithLockerOptions(scheduler.WithClock(clock), scheduler.WithLocation(time.UTC),
+		scheduler.WithInstanceID("a"), scheduler.WithLockJitter(0), scheduler.WithLogger(slog.New(slog.DiscardHandler))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown() })
+	md := make(chan string, 1)
+	j, err := s.NewJob(gocron.CronJob("0 0 * * * *", true), gocron.NewTask(func() {
+		var v string
+		for _, m := range ms { // a quorum holds it
+			if w, _ := m.Get("schedlock:job:job"); v == "" {
+				v = w
+			}
+		}
+		md <- v // hourly: gocron's real clock does not fire it in the test
+	}), gocron.WithName("job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if err := j.RunNow(); err != nil { // the latest run: a manual run at 12:00:00.000
+		t.Fatal(err)
+	}
+	v := <-md
+	i := strings.Index(v, "-a@")
+	if i < 0 {
+		t.Fatalf("run lock value %q: no metadata of instance a", v)
+	}
+	metadata := v[i+1:]
+	waitFor(t, 2*time.Second, func() bool {
+		return !ms[0].Exists("schedlock:job:job") && !ms[1].Exists("schedlock:job:job") && !ms[2].Exists("schedlock:job:job")
+	})
+	// A failed attempt of this instance for 12:00:00, at the same reading:
+	// its grant reached 2 of 3 nodes after its undo.
+	leftover := "fedcba9876543210fedcba9876543210-" + metadata
+	for _, m := range ms[:2] {
+		_ = m.Set("schedlock:job:job", leftover)
+		m.SetTTL("schedlock:job:job", 10*time.Second)
+		m.HSet("schedlock:taken:job", "m", "1767268800000", "v", leftover, "pm", "", "pv", "")
+		m.SetTTL("schedlock:taken:job", time.Hour)
+	}
+	lk, err := s.Locker().Lock(context.Background(), "job")
+	if err != nil {
+		t.Fatalf("Lock of 12:00:00 with this instance's own failed attempt's leftover: %v; 12:00:00 ran nowhere", err)
+	}
+	_ = lk.Unlock(context.Background())
+}

@@ -26,9 +26,12 @@ type jobState struct {
 	requests []*request
 	busy     int      // Locks in flight and runs in progress here
 	run      *runLock // the run in progress here, if any
-	// ran is the metadata of the latest run of the job here (its run
-	// lock's and its record's): a run lock of it found later was left by a
-	// run whose release failed, not by a failed attempt (orphan).
+	// ran is the metadata of the latest run here that took a scheduled
+	// time (its run lock's and its record's): a run lock of it found later
+	// was left by a run whose release failed, not by a failed attempt
+	// (orphan). Manual runs raise no record and are left out, so that a
+	// failed attempt with a manual run's metadata (the same clock reading)
+	// still has its record put back.
 	ran string
 }
 

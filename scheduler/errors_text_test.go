@@ -71,7 +71,7 @@ func TestLockerOptionTexts(t *testing.T) {
 			"scheduler: invalid argument: history length 0 (WithHistoryLength) must be between 1 and 10000"},
 		{"short retention", c, []scheduler.LockerOption{scheduler.WithRecordRetention(time.Second)},
 			"scheduler: invalid argument: record retention 1s (WithRecordRetention) is below 1m2s: a scheduled time's record must outlive its last Lock, " +
-				"up to the misfire threshold 1m0s (or catch-up window 0s) plus the lock timeout 1s after it, on a clock up to the clock tolerance 1s behind"},
+				"up to the misfire threshold 1m0s plus the lock timeout 1s after it, on a clock up to the clock tolerance 1s behind"},
 		{"fast fleet poll", c, []scheduler.LockerOption{scheduler.WithFleetPoll(time.Millisecond)},
 			"scheduler: invalid argument: fleet poll 1ms (WithFleetPoll) must be between 10ms and 1m"},
 		{"slow fleet poll", c, []scheduler.LockerOption{scheduler.WithFleetPoll(time.Hour)},

@@ -181,14 +181,19 @@ func (cfg *lockerConfig) validateRecords(client *redlock.Client) error {
 		return invalidf("catch-up window %v (WithCatchUp) is negative", cfg.catchUp)
 	case cfg.history < 1 || cfg.history > maxHistory:
 		return invalidf("history length %d (WithHistoryLength) must be between 1 and %d", cfg.history, maxHistory)
-	case cfg.retention < cfg.minRetention():
-		return invalidf("record retention %v (WithRecordRetention) is below %v: a scheduled time's record must outlive its last Lock, "+
-			"up to the misfire threshold %v (or catch-up window %v) plus the lock timeout %v after it, on a clock up to the clock tolerance %v behind",
-			cfg.retention, cfg.minRetention(), cfg.misfire, cfg.catchUp, cfg.lockTimeout, cfg.tolerance)
 	}
 	if gate := client.RestartGate(); gate > 0 && max(cfg.misfire, cfg.catchUp) > gate {
 		return invalidf("misfire threshold %v (WithMisfireThreshold) or catch-up window %v (WithCatchUp) is above the redlock Client's restart gate %v (redlock.WithRestartGating): "+
 			"a node restarted without its data rejoins after the gate, and a run later than that could find its scheduled time free", cfg.misfire, cfg.catchUp, gate)
+	}
+	if cfg.retention < cfg.minRetention() {
+		late := fmt.Sprintf("the misfire threshold %v", cfg.misfire)
+		if cfg.catchUp > cfg.misfire {
+			late = fmt.Sprintf("the catch-up window %v", cfg.catchUp)
+		}
+		return invalidf("record retention %v (WithRecordRetention) is below %v: a scheduled time's record must outlive its last Lock, "+
+			"up to %s plus the lock timeout %v after it, on a clock up to the clock tolerance %v behind",
+			cfg.retention, cfg.minRetention(), late, cfg.lockTimeout, cfg.tolerance)
 	}
 	return nil
 }
@@ -505,7 +510,9 @@ func (l *Locker) start(ctx, sctx context.Context, span trace.Span, job string, c
 	l.mu.Lock()
 	l.runs[ctx] = rl
 	l.state(job).run = rl
-	l.state(job).ran = run.Metadata()
+	if c.kind != kindManual {
+		l.state(job).ran = run.Metadata()
+	}
 	l.mu.Unlock()
 	rl.watch()
 	return rl
