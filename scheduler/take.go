@@ -215,7 +215,8 @@ func (l *Locker) ownLeftover(job string, c claim, kind int, r redlock.NodeResult
 }
 
 // ranHere reports whether holder is the metadata of the latest run of job
-// on this Locker (jobState.ran): the record it raised is a run's.
+// on this Locker that took a scheduled time (jobState.ran): the record it
+// raised is a run's.
 func (l *Locker) ranHere(job, holder string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
