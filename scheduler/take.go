@@ -237,27 +237,30 @@ func (l *Locker) alone(job string) bool {
 // job is in progress here, and the holder is this Locker, so no one runs
 // the job or ran this scheduled time. It deletes that attempt's run lock
 // and puts back its record (redlock.Client.ReleaseAbandoned) and has the
-// round retried; when that fails, the Lock fails with an error that names
+// round retried, also when nothing was left to delete (this Locker's own
+// run released its run lock between the round and the deletion); when
+// the deletion fails on a quorum, the Lock fails with an error that names
 // the leftover and matches redlock.ErrUnavailable, never ErrHeldElsewhere.
-// A run lock of this Locker's latest run (jobState.ran), whose release
-// failed, is deleted alone: that run took its scheduled time, and its
-// record stays.
+// A run lock of this Locker's latest run that took a scheduled time
+// (jobState.ran), whose release failed or is under way, is deleted alone:
+// that run took its scheduled time, and its record stays.
 func (l *Locker) orphan(ctx context.Context, job string, c claim, holder string, e *runError) (bool, error) {
 	mark := l.takenKey(job)
 	if l.ranHere(job, holder) {
 		mark = ""
 	}
 	n, err := l.client.ReleaseAbandoned(context.WithoutCancel(ctx), l.runKey(job), holder, mark)
-	if err == nil && n > 0 {
+	switch {
+	case err != nil:
+		e.kind, e.err = errOrphan, err
+		return true, e
+	case n > 0:
 		l.log.Warn("scheduler: deleted a run lock that an earlier failed attempt of this instance left on the nodes",
 			"job", job, "nodes", n)
-		return false, e
 	}
-	e.kind = errOrphan
-	if err != nil {
-		e.err = err
-	}
-	return true, e
+	// Retried also when nothing was left to delete: the run lock was this
+	// Locker's run's, released between the round and this call.
+	return false, e
 }
 
 // down reports whether q's round failed because nodes refused it
